@@ -1,0 +1,17 @@
+"""The `tunnel-server` command."""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `tunnel-server`."""
+    print("tunnel-server: not yet implemented", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
