@@ -1,0 +1,20 @@
+"""Helpers shared by the test tiers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+
+async def until(condition: Callable[[], bool], *, max_turns: int = 200_000) -> None:
+    """Yield to the event loop until ``condition()`` holds.
+
+    This waits on a state change other tasks make, turn by turn; it never
+    sleeps for a length of time. It fails, naming the condition, if the
+    state never comes.
+    """
+    for _ in range(max_turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"condition never became true: {condition}")

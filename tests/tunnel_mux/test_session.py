@@ -1,0 +1,205 @@
+"""Sessions over an in-memory transport: streams, backpressure, isolation, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import pytest
+
+from protocol import Connection, ErrorCode, Keepalive, Limits, Side
+from tunnel_mux import (
+    MuxStream,
+    Session,
+    SessionClosedError,
+    SessionHandlers,
+    StreamResetError,
+)
+
+from ..support import until
+from .memory import MemoryTransport, transport_pair
+
+Handler = Callable[[MuxStream], Awaitable[None]]
+
+
+@dataclass
+class Pair:
+    client: Session
+    server: Session
+    client_transport: MemoryTransport
+    server_transport: MemoryTransport
+
+
+@asynccontextmanager
+async def session_pair(
+    on_stream: Handler | None = None,
+    *,
+    limits: Limits | None = None,
+    keepalive: Keepalive | None = None,
+) -> AsyncIterator[Pair]:
+    """A client and a server session joined in memory, both running."""
+    client_transport, server_transport = transport_pair()
+    client = Session(
+        client_transport,
+        Connection(Side.CLIENT, limits, keepalive=keepalive),
+        handlers=SessionHandlers(on_stream=on_stream),
+        label="client",
+    )
+    server = Session(
+        server_transport,
+        Connection(Side.SERVER, limits, keepalive=keepalive),
+        label="server",
+    )
+    tasks = [asyncio.create_task(client.run()), asyncio.create_task(server.run())]
+    try:
+        await asyncio.gather(client.wait_ready(), server.wait_ready())
+        yield Pair(client, server, client_transport, server_transport)
+    finally:
+        await server.close()
+        await client.close()
+        await asyncio.gather(*tasks)
+
+
+async def echo(stream: MuxStream) -> None:
+    while chunk := await stream.read():
+        await stream.write(chunk)
+
+
+async def test_stream_echoes_data_and_half_closes_both_ways() -> None:
+    async with session_pair(echo) as pair:
+        stream = pair.server.open_stream("http", {"path": "/"})
+        payload = bytes(range(256)) * 4096  # 1 MiB, more than one window
+        writer = asyncio.create_task(_write_and_end(stream, payload))
+        received = await stream.read_all(limit=2 * len(payload))
+        await writer
+        assert received == payload
+        assert stream.at_eof
+
+
+async def _write_and_end(stream: MuxStream, data: bytes) -> None:
+    await stream.write(data)
+    stream.end()
+
+
+async def test_peer_reset_fails_reader_with_code_and_reason() -> None:
+    async def refuse(stream: MuxStream) -> None:
+        stream.reset(0x101, "not allowed here")
+
+    async with session_pair(refuse) as pair:
+        stream = pair.server.open_stream("http")
+        with pytest.raises(StreamResetError) as info:
+            await stream.read()
+        assert info.value.code == 0x101
+        assert info.value.reason == "not allowed here"
+        assert info.value.remote
+
+
+async def test_stalled_reader_does_not_stall_other_streams() -> None:
+    """One stream whose consumer never reads blocks only its own writer."""
+    stalled_opened = asyncio.Event()
+
+    async def handler(stream: MuxStream) -> None:
+        if stream.kind == "stalled":
+            stalled_opened.set()
+            await asyncio.Event().wait()  # never reads
+        await echo(stream)
+
+    limits = Limits(initial_window=64 * 1024, max_send_buffer=64 * 1024)
+    async with session_pair(handler, limits=limits) as pair:
+        stalled = pair.server.open_stream("stalled")
+        await stalled_opened.wait()
+        # Fill the stalled stream's window and send buffer: its writer blocks.
+        blocked_write = asyncio.create_task(stalled.write(b"x" * (1024 * 1024)))
+        await until(lambda: pair.server.connection.send_window(stalled.id) == 0)
+        assert not blocked_write.done()
+        # Other streams still make progress, many windows' worth.
+        for _ in range(3):
+            other = pair.server.open_stream("echo")
+            data = b"y" * (256 * 1024)
+            writer = asyncio.create_task(_write_and_end(other, data))
+            assert await other.read_all(limit=len(data)) == data
+            await writer
+        # Control frames still flow.
+        assert await pair.server.ping() >= 0
+        assert not blocked_write.done()
+        stalled.reset()
+        with pytest.raises(StreamResetError):
+            await blocked_write
+
+
+async def test_session_loss_fails_open_streams_promptly() -> None:
+    async def hold(stream: MuxStream) -> None:
+        await asyncio.Event().wait()
+
+    async with session_pair(hold) as pair:
+        stream = pair.server.open_stream("watch")
+        reader = asyncio.create_task(stream.read())
+        await pair.client_transport.close()
+        with pytest.raises(SessionClosedError):
+            await reader
+        await pair.server.wait_closed()
+        with pytest.raises(SessionClosedError):
+            pair.server.open_stream("http")
+
+
+async def test_shutdown_lets_open_streams_finish_and_refuses_new_ones() -> None:
+    release = asyncio.Event()
+
+    async def slow(stream: MuxStream) -> None:
+        await release.wait()
+        await stream.write(b"done")
+
+    async with session_pair(slow) as pair:
+        stream = pair.server.open_stream("http", end_stream=True)
+        shutdown = asyncio.create_task(pair.server.shutdown(grace=30))
+        await until(lambda: pair.server.connection.going_away)
+        with pytest.raises(Exception, match="going away"):
+            pair.server.open_stream("http")
+        release.set()
+        assert await stream.read_all(limit=100) == b"done"
+        await shutdown
+        assert pair.server.connection.closed
+
+
+async def test_handler_that_returns_ends_its_stream() -> None:
+    async def reply(stream: MuxStream) -> None:
+        await stream.write(b"hello")
+
+    async with session_pair(reply) as pair:
+        stream = pair.server.open_stream("http", end_stream=True)
+        assert await stream.read_all(limit=100) == b"hello"
+        # Both directions ended: no stream is left on either side.
+        await until(lambda: not pair.client.streams and not pair.server.streams)
+        assert pair.client.connection.open_streams == 0
+        assert pair.server.connection.open_streams == 0
+
+
+async def test_failing_handler_resets_its_stream_with_internal_error() -> None:
+    async def broken(stream: MuxStream) -> None:
+        raise RuntimeError("boom")
+
+    async with session_pair(broken) as pair:
+        stream = pair.server.open_stream("http")
+        with pytest.raises(StreamResetError) as info:
+            await stream.read()
+        assert info.value.code == ErrorCode.INTERNAL_ERROR
+
+
+async def test_silent_peer_is_detected_by_keepalive() -> None:
+    """A peer that stops answering is dropped after the keepalive deadline."""
+    keepalive = Keepalive(interval=0.05, timeout=0.1)
+    client_transport, server_transport = transport_pair()
+    server = Session(server_transport, Connection(Side.SERVER, keepalive=keepalive))
+    client_connection = Connection(Side.CLIENT)
+    # The client answers the handshake once, then goes silent.
+    for message in client_connection.data_to_send():
+        await client_transport.send(message)
+    run = asyncio.create_task(server.run())
+    await server.wait_ready()
+    stream = server.open_stream("watch")
+    with pytest.raises(SessionClosedError, match="PING"):
+        await stream.read()
+    await run
+    assert server.close_reason is not None

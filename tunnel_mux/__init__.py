@@ -1,0 +1,23 @@
+"""Multiplexed sessions on asyncio: the protocol driven over a WebSocket.
+
+A :class:`Session` owns one sans-I/O ``protocol.Connection`` and one message
+transport (a WebSocket of websockets or aiohttp, adapted by the agent or the
+server). It gives each stream an async reader/writer with backpressure. It
+depends on ``protocol`` and asyncio; the agent and the server both build on it.
+"""
+
+from .errors import SessionClosedError, SessionError, StreamResetError
+from .session import Session, SessionHandlers
+from .stream import MuxStream
+from .transport import MessageTransport, TransportClosed
+
+__all__ = [
+    "MessageTransport",
+    "MuxStream",
+    "Session",
+    "SessionClosedError",
+    "SessionError",
+    "SessionHandlers",
+    "StreamResetError",
+    "TransportClosed",
+]

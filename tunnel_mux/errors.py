@@ -1,0 +1,33 @@
+"""Errors of multiplexed sessions::
+
+TunnelError                   (protocol.errors)
+└── SessionError
+    ├── SessionClosedError    the session ended; its streams with it
+    └── StreamResetError      the stream was reset (code, reason, by whom)
+"""
+
+from __future__ import annotations
+
+from protocol.errors import TunnelError, describe_code
+
+__all__ = ["SessionClosedError", "SessionError", "StreamResetError"]
+
+
+class SessionError(TunnelError):
+    """A multiplexed session could not do what was asked."""
+
+
+class SessionClosedError(SessionError):
+    """The session has ended (the socket closed, GOAWAY with an error, a timeout)."""
+
+
+class StreamResetError(SessionError):
+    """The stream was reset before it finished."""
+
+    def __init__(self, code: int, reason: str = "", *, remote: bool = True) -> None:
+        self.code = code
+        self.reason = reason
+        self.remote = remote
+        who = "the peer" if remote else "this side"
+        detail = f": {reason}" if reason else ""
+        super().__init__(f"stream reset by {who} ({describe_code(code)}){detail}")

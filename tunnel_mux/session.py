@@ -1,0 +1,421 @@
+"""A session: one protocol connection driven over one message transport.
+
+Three tasks, all owned by :meth:`Session.run`: the reader feeds every
+received message to the connection and hands events to streams without ever
+waiting on one of them; the writer sends what the connection has to send, one
+message at a time so that late control frames and other streams are not
+queued behind bulk data; the timer keeps the connection alive. Handlers of
+peer-opened streams run as tasks that the session also owns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from protocol import (
+    Connection,
+    DataReceived,
+    ErrorCode,
+    Event,
+    GoAwayReceived,
+    HandshakeCompleted,
+    MessageReceived,
+    PongReceived,
+    ProtocolError,
+    RemoteProtocolError,
+    StreamEnded,
+    StreamOpened,
+    StreamReset,
+)
+from protocol.errors import describe_code
+
+from .errors import SessionClosedError, SessionError, StreamResetError
+from .stream import MuxStream
+from .transport import MessageTransport, TransportClosed
+
+__all__ = ["Session", "SessionHandlers"]
+
+logger = logging.getLogger(__name__)
+
+#: How long the writer may take to flush a last GOAWAY once the session ends.
+FLUSH_GRACE = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHandlers:
+    """What to do with what the peer starts.
+
+    on_stream: runs once per peer-opened stream, as a task the session owns;
+        when it returns, a stream it left open is ended (or reset on error).
+        Without it, peer-opened streams are refused.
+    on_message: called with each connection-level message; must not block.
+    """
+
+    on_stream: Callable[[MuxStream], Awaitable[None]] | None = None
+    on_message: Callable[[str, dict[str, Any]], None] | None = None
+
+
+class Session:
+    """Drives one :class:`protocol.Connection` over one :class:`MessageTransport`."""
+
+    def __init__(
+        self,
+        transport: MessageTransport,
+        connection: Connection,
+        *,
+        handlers: SessionHandlers | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        label: str = "",
+    ) -> None:
+        self.connection = connection
+        self.label = label
+        self.handshake: HandshakeCompleted | None = None
+        #: Why the session ended, once it has.
+        self.close_reason: str | None = None
+        self._transport = transport
+        self._handlers = handlers or SessionHandlers()
+        self._clock = clock
+        self._streams: dict[int, MuxStream] = {}
+        self._blocked: set[MuxStream] = set()
+        self._ending: set[MuxStream] = set()
+        self._pings: dict[int, asyncio.Future[float]] = {}
+        self._handler_tasks: set[asyncio.Task[None]] = set()
+        self._wakeup = asyncio.Event()
+        self._wakeup.set()  # the HELLO is already queued
+        self._ready: asyncio.Future[HandshakeCompleted] = asyncio.get_running_loop().create_future()
+        self._closed = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"<Session {self.label} streams={len(self._streams)}>"
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def is_open(self) -> bool:
+        """Handshake done and not closed: streams may be opened."""
+        return self.handshake is not None and not self._closed.is_set()
+
+    @property
+    def streams(self) -> int:
+        return len(self._streams)
+
+    async def wait_ready(self) -> HandshakeCompleted:
+        """Wait for the handshake; raises SessionClosedError if the session ends first."""
+        return await asyncio.shield(self._ready)
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    def open_stream(
+        self, kind: str, headers: Mapping[str, Any] | None = None, *, end_stream: bool = False
+    ) -> MuxStream:
+        """Open a stream to the peer.
+
+        Fails at once (never waits) when the session is closed, going away, or
+        at the peer's stream limit: callers answer their own client promptly.
+        """
+        if self._closed.is_set():
+            raise SessionClosedError(self.close_reason or "the session has ended")
+        stream_id = self.connection.open_stream(kind, headers, end_stream=end_stream)
+        stream = MuxStream(self, stream_id, kind, dict(headers or {}), local=True)
+        if end_stream:
+            stream._write_closed = True
+        self._track(stream)
+        self._kick()
+        return stream
+
+    def send_message(self, kind: str, body: Mapping[str, Any]) -> None:
+        """Send a connection-level control message."""
+        if self._closed.is_set():
+            raise SessionClosedError(self.close_reason or "the session has ended")
+        self.connection.send_message(kind, body)
+        self._kick()
+
+    async def ping(self) -> float:
+        """Round-trip time of one PING, in seconds."""
+        if self._closed.is_set():
+            raise SessionClosedError(self.close_reason or "the session has ended")
+        opaque = self.connection.send_ping(self._clock())
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._pings[opaque] = future
+        self._kick()
+        try:
+            return await future
+        finally:
+            self._pings.pop(opaque, None)
+
+    async def shutdown(self, grace: float) -> None:
+        """Graceful end: GOAWAY, let open streams finish for ``grace`` seconds, close."""
+        if not self._closed.is_set():
+            self.connection.goaway(ErrorCode.NO_ERROR, "shutting down")
+            self._kick()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), grace)
+        await self.close(ErrorCode.NO_ERROR, "shutting down")
+
+    async def close(self, code: int = ErrorCode.NO_ERROR, reason: str = "") -> None:
+        """End the session now; open streams fail with SessionClosedError."""
+        if not self.connection.closed:
+            self.connection.close(code, reason)
+            self._end(SessionClosedError(reason or "the session was closed"))
+        self._kick()
+        await self._closed.wait()
+
+    async def run(self) -> None:
+        """Run the session until it ends. Every task it started is done on return."""
+        loops = {
+            asyncio.create_task(self._read_loop(), name=f"{self.label} reader"),
+            asyncio.create_task(self._write_loop(), name=f"{self.label} writer"),
+            asyncio.create_task(self._timer_loop(), name=f"{self.label} timer"),
+        }
+        try:
+            _, pending = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
+            writer = next(t for t in loops if t.get_name().endswith("writer"))
+            if writer in pending:
+                # Let a last GOAWAY go out before the socket closes.
+                self._kick()
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(writer), FLUSH_GRACE)
+        finally:
+            for task in loops:
+                task.cancel()
+            results = await asyncio.gather(*loops, return_exceptions=True)
+            self._end(self._first_error(results))
+            for handler in self._handler_tasks:
+                handler.cancel()
+            await asyncio.gather(*self._handler_tasks, return_exceptions=True)
+            with contextlib.suppress(TransportClosed, OSError):
+                await self._transport.close(self.close_reason or "")
+            self._closed.set()
+
+    # ------------------------------------------------------------------ loops
+
+    async def _read_loop(self) -> None:
+        connection = self.connection
+        while not connection.closed:
+            try:
+                message = await self._transport.receive()
+            except TransportClosed:
+                self._end(SessionClosedError("the connection to the peer was lost"))
+                return
+            try:
+                events = connection.receive_data(message, self._clock())
+            except RemoteProtocolError as exc:
+                logger.warning("%s: peer broke the protocol: %s", self.label, exc)
+                self._end(SessionClosedError(f"protocol error: {exc}"))
+                self._kick()
+                return
+            for event in events:
+                self._dispatch(event)
+            self._kick()
+
+    async def _write_loop(self) -> None:
+        connection = self.connection
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while messages := connection.data_to_send(max_messages=1):
+                try:
+                    await self._transport.send(messages[0])
+                except TransportClosed:
+                    self._end(SessionClosedError("the connection to the peer was lost"))
+                    return
+                self._after_send()
+            self._after_send()
+            if connection.closed:
+                return
+
+    async def _timer_loop(self) -> None:
+        connection = self.connection
+        while not connection.closed:
+            deadline = connection.deadline()
+            now = self._clock()
+            delay = 1.0 if deadline is None else min(max(deadline - now, 0.0), 5.0)
+            await asyncio.sleep(delay)
+            try:
+                connection.tick(self._clock())
+            except ProtocolError as exc:
+                logger.warning("%s: %s", self.label, exc)
+                self._end(SessionClosedError(str(exc)))
+                self._kick()
+                return
+            self._kick()
+
+    # ------------------------------------------------------------- dispatching
+
+    def _dispatch(self, event: Event) -> None:
+        if type(event) is DataReceived:
+            stream = self._streams.get(event.stream_id)
+            if stream is not None:
+                stream._feed(event.data)
+        elif type(event) is StreamOpened:
+            self._accept(event)
+        elif type(event) is StreamEnded:
+            stream = self._streams.get(event.stream_id)
+            if stream is not None:
+                stream._feed_eof()
+                self._forget_if_done(stream)
+        elif type(event) is StreamReset:
+            stream = self._streams.pop(event.stream_id, None)
+            if stream is not None:
+                stream._fail(StreamResetError(event.code, event.reason, remote=event.remote))
+                self._ending.discard(stream)
+                self._check_idle()
+        elif type(event) is MessageReceived:
+            if self._handlers.on_message is not None:
+                self._handlers.on_message(event.kind, event.body)
+        elif type(event) is PongReceived:
+            future = self._pings.get(event.opaque)
+            if future is not None and not future.done():
+                future.set_result(event.rtt)
+        elif type(event) is HandshakeCompleted:
+            self.handshake = event
+            if not self._ready.done():
+                self._ready.set_result(event)
+        elif type(event) is GoAwayReceived and event.code != ErrorCode.NO_ERROR:
+            self._end(
+                SessionClosedError(
+                    f"the peer closed the connection ({describe_code(event.code)}): {event.reason}"
+                )
+            )
+
+    def _accept(self, event: StreamOpened) -> None:
+        stream = MuxStream(self, event.stream_id, event.kind, event.headers, local=False)
+        if self._handlers.on_stream is None:
+            self.connection.reset_stream(event.stream_id, ErrorCode.REFUSED_STREAM, "no handler")
+            return
+        self._track(stream)
+        task = asyncio.create_task(
+            self._run_handler(self._handlers.on_stream, stream),
+            name=f"{self.label} stream {stream.id}",
+        )
+        self._handler_tasks.add(task)
+        task.add_done_callback(self._handler_tasks.discard)
+
+    async def _run_handler(
+        self, handler: Callable[[MuxStream], Awaitable[None]], stream: MuxStream
+    ) -> None:
+        try:
+            await handler(stream)
+        except asyncio.CancelledError:
+            stream.reset(ErrorCode.CANCEL, "cancelled")
+            raise
+        except SessionError as exc:
+            logger.debug("%s: stream %d ended: %s", self.label, stream.id, exc)
+            stream.reset(ErrorCode.CANCEL, "")
+        except Exception:
+            logger.exception("%s: handler of stream %d failed", self.label, stream.id)
+            stream.reset(ErrorCode.INTERNAL_ERROR, "handler failed")
+        else:
+            stream.end()
+
+    # ------------------------------------------------------- used by streams
+
+    def _send_capacity(self, stream_id: int) -> int:
+        if self.connection.closed:
+            return 0
+        return self.connection.send_capacity(stream_id)
+
+    def _send_data(self, stream_id: int, data: memoryview) -> None:
+        self.connection.send_data(stream_id, data)
+        self._kick()
+
+    def _wait_writable(self, stream: MuxStream) -> None:
+        self._blocked.add(stream)
+
+    def _end_stream(self, stream_id: int) -> None:
+        stream = self._streams.get(stream_id)
+        if stream is None or self.connection.stream_state(stream_id) is None:
+            return
+        self.connection.end_stream(stream_id)
+        self._ending.add(stream)
+        self._kick()
+
+    def _reset_stream(self, stream_id: int, code: int, reason: str) -> None:
+        stream = self._streams.pop(stream_id, None)
+        if stream is not None:
+            self._ending.discard(stream)
+            self._blocked.discard(stream)
+        if not self.connection.closed:
+            self.connection.reset_stream(stream_id, code, reason)
+            self._kick()
+        self._check_idle()
+
+    def _acknowledge(self, stream_id: int, size: int) -> None:
+        if not self.connection.closed:
+            self.connection.acknowledge_data(stream_id, size)
+            self._kick()
+
+    # --------------------------------------------------------------- helpers
+
+    def _kick(self) -> None:
+        self._wakeup.set()
+
+    def _track(self, stream: MuxStream) -> None:
+        self._streams[stream.id] = stream
+        self._idle.clear()
+
+    def _after_send(self) -> None:
+        connection = self.connection
+        if self._blocked:
+            for stream in list(self._blocked):
+                if connection.send_capacity(stream.id) > 0 or stream.error is not None:
+                    self._blocked.discard(stream)
+                    stream._wake_writer()
+        if self._ending:
+            for stream in list(self._ending):
+                self._forget_if_done(stream)
+
+    def _forget_if_done(self, stream: MuxStream) -> None:
+        if self.connection.stream_state(stream.id) is None:
+            self._streams.pop(stream.id, None)
+            self._ending.discard(stream)
+            self._check_idle()
+
+    def _check_idle(self) -> None:
+        if not self._streams:
+            self._idle.set()
+
+    def _end(self, error: SessionError | None) -> None:
+        """Fail everything waiting on the session (idempotent)."""
+        if error is None:
+            error = SessionClosedError("the session has ended")
+        if self.close_reason is None:
+            self.close_reason = str(error)
+        if not self.connection.closed:
+            self.connection.close(ErrorCode.NO_ERROR, "")
+        for stream in list(self._streams.values()):
+            stream._fail(error)
+        self._streams.clear()
+        self._ending.clear()
+        for stream in self._blocked:
+            stream._wake_writer()
+        self._blocked.clear()
+        for future in self._pings.values():
+            if not future.done():
+                future.set_exception(error)
+        if not self._ready.done():
+            self._ready.set_exception(error)
+            self._ready.exception()  # retrieved: nobody may be waiting
+        self._idle.set()
+
+    @staticmethod
+    def _first_error(results: list[BaseException | None]) -> SessionError | None:
+        for result in results:
+            if isinstance(result, SessionError):
+                return result
+            if isinstance(result, TransportClosed):
+                return SessionClosedError("the connection to the peer was lost")
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                logger.error("session task failed", exc_info=result)
+                return SessionClosedError(f"internal error: {result!r}")
+        return None
