@@ -1,0 +1,296 @@
+"""The SQLite store's plumbing: the file, its durability, migrations, the worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+import stat
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import closing, contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from tunnel_server.store import (
+    AuditEvent,
+    Cluster,
+    Grant,
+    SchemaVersionError,
+    SqliteStore,
+    StoreClosedError,
+    StoreError,
+    hash_token,
+    sqlite_ops,
+    sqlite_schema,
+)
+from tunnel_server.store.sqlite_schema import MIGRATIONS, Migration
+
+NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+EXTRA = Migration(
+    version=len(MIGRATIONS) + 1,
+    description="a table a later feature adds",
+    statements=("CREATE TABLE later_feature (id INTEGER PRIMARY KEY)",),
+)
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "state.db"
+
+
+@pytest.fixture
+async def store(path: Path) -> AsyncIterator[SqliteStore]:
+    store = await SqliteStore.open(path)
+    yield store
+    await store.close()
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@contextmanager
+def _raw(path: Path) -> Iterator[sqlite3.Connection]:
+    """A connection of the test's own, to look at the file from outside the store."""
+    with closing(sqlite3.connect(path, isolation_level=None)) as connection:
+        yield connection
+
+
+async def test_new_database_file_is_readable_by_its_owner_only(
+    store: SqliteStore, path: Path
+) -> None:
+    await store.add_cluster("prod", NOW)  # a write, so that the WAL file exists too
+    assert _mode(path) == 0o600
+    assert _mode(Path(f"{path}-wal")) == 0o600
+
+
+async def test_database_file_is_created_0600_whatever_the_umask(path: Path) -> None:
+    old = os.umask(0)
+    try:
+        store = await SqliteStore.open(path)
+    finally:
+        os.umask(old)
+    await store.close()
+    assert _mode(path) == 0o600
+
+
+async def test_existing_file_others_can_read_is_reported(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    await (await SqliteStore.open(path)).close()
+    os.chmod(path, 0o644)
+    with caplog.at_level(logging.WARNING, logger="tunnel_server.store.sqlite"):
+        store = await SqliteStore.open(path)
+    await store.close()
+    assert any("chmod 600" in record.getMessage() for record in caplog.records)
+
+
+async def test_database_runs_in_wal_mode(store: SqliteStore, path: Path) -> None:
+    with _raw(path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_data_survives_closing_and_reopening(path: Path) -> None:
+    store = await SqliteStore.open(path)
+    await store.add_cluster("prod", NOW, rbac="readonly")
+    await store.record_connection("prod", "1.2.3", "10.0.0.1:4242", NOW, NOW)
+    await store.add_bootstrap_token(hash_token("t"), "prod", NOW, NOW + timedelta(hours=1))
+    await store.record_certificate(0xABC, "prod", "sha256:ab", NOW, NOW + timedelta(days=1))
+    await store.add_user("ann", ("dev",), False, NOW)
+    await store.add_api_token(hash_token("api"), "ann", NOW)
+    await store.set_grant(Grant("ann", "prod", ("view",), commands=True))
+    event = await store.add_audit(AuditEvent(None, NOW, "ann", "prod", "proxy", "get"))
+    await store.close()
+
+    reopened = await SqliteStore.open(path)
+    try:
+        cluster = await reopened.get_cluster("prod")
+        assert (cluster.rbac, cluster.agent_version, cluster.remote_addr) == (
+            "readonly",
+            "1.2.3",
+            "10.0.0.1:4242",
+        )
+        assert cluster.connected_since == NOW
+        assert cluster.last_seen == NOW
+        assert (await reopened.get_certificate(0xABC)).fingerprint == "sha256:ab"
+        assert (await reopened.find_user_by_token(hash_token("api"))) == await reopened.get_user(
+            "ann"
+        )
+        assert (await reopened.get_grant("ann", "prod")).as_groups == ("view",)
+        assert await reopened.list_audit() == [event]
+        consumed = await reopened.consume_bootstrap_token(hash_token("t"), "prod", NOW)
+        assert consumed.used_at == NOW
+    finally:
+        await reopened.close()
+
+
+async def test_new_database_is_at_the_latest_schema_version(store: SqliteStore) -> None:
+    assert await store.schema_version() == len(MIGRATIONS)
+
+
+def test_migration_versions_count_up_from_one() -> None:
+    assert [m.version for m in MIGRATIONS] == list(range(1, len(MIGRATIONS) + 1))
+
+
+async def test_reopening_applies_no_migration_twice(path: Path) -> None:
+    await (await SqliteStore.open(path)).close()
+    # Were migration 1 applied again, its CREATE TABLE statements would fail the open.
+    store = await SqliteStore.open(path)
+    try:
+        assert await store.schema_version() == len(MIGRATIONS)
+    finally:
+        await store.close()
+    with _raw(path) as raw:
+        versions = [row[0] for row in raw.execute("SELECT version FROM schema_version")]
+    assert versions == list(range(1, len(MIGRATIONS) + 1))
+
+
+async def test_a_later_migration_is_applied_once_to_an_existing_database(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await SqliteStore.open(path)
+    await store.add_cluster("prod", NOW)
+    await store.close()
+
+    monkeypatch.setattr(sqlite_schema, "MIGRATIONS", (*MIGRATIONS, EXTRA))
+    for _ in range(2):
+        store = await SqliteStore.open(path)
+        try:
+            assert await store.schema_version() == EXTRA.version
+            assert [c.name for c in await store.list_clusters()] == ["prod"]
+        finally:
+            await store.close()
+    with _raw(path) as raw:
+        applied = raw.execute(
+            "SELECT count(*) FROM schema_version WHERE version = ?", (EXTRA.version,)
+        ).fetchone()[0]
+        assert applied == 1
+        assert raw.execute("SELECT count(*) FROM later_feature").fetchone()[0] == 0
+
+
+async def test_a_database_newer_than_the_code_is_refused(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(sqlite_schema, "MIGRATIONS", (*MIGRATIONS, EXTRA))
+        await (await SqliteStore.open(path)).close()
+    with pytest.raises(SchemaVersionError, match="upgrade the server"):
+        await SqliteStore.open(path)
+
+
+async def test_a_failing_migration_leaves_the_database_at_its_previous_version(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await (await SqliteStore.open(path)).close()
+    broken = Migration(
+        version=len(MIGRATIONS) + 1,
+        description="fails half way",
+        statements=("CREATE TABLE half_done (id INTEGER)", "THIS IS NOT SQL"),
+    )
+    with monkeypatch.context() as patch:
+        patch.setattr(sqlite_schema, "MIGRATIONS", (*MIGRATIONS, broken))
+        with pytest.raises(StoreError, match="cannot open the state database"):
+            await SqliteStore.open(path)
+    store = await SqliteStore.open(path)
+    try:
+        assert await store.schema_version() == len(MIGRATIONS)
+    finally:
+        await store.close()
+    with _raw(path) as raw:
+        tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master")}
+    assert "half_done" not in tables
+
+
+def test_migrations_out_of_order_are_refused(path: Path) -> None:
+    skipping = (*MIGRATIONS, Migration(len(MIGRATIONS) + 2, "skips one", ()))
+    with _raw(path) as raw, pytest.raises(SchemaVersionError, match="out of order"):
+        sqlite_schema.migrate(raw, skipping)
+
+
+def _write_garbage(path: Path) -> None:
+    path.write_bytes(b"this is not a database, it only has a name like one" * 100)
+    path.chmod(0o600)
+
+
+async def test_a_file_that_is_not_a_database_is_refused(path: Path) -> None:
+    _write_garbage(path)
+    with pytest.raises(StoreError, match="cannot open the state database"):
+        await SqliteStore.open(path)
+
+
+async def test_a_missing_directory_fails_with_a_store_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="No such file or directory") as caught:
+        await SqliteStore.open(tmp_path / "missing" / "state.db")
+    assert isinstance(caught.value.__cause__, OSError)
+
+
+async def test_health_passes_while_open(store: SqliteStore) -> None:
+    await store.health()
+
+
+async def test_a_closed_store_refuses_every_call(path: Path) -> None:
+    store = await SqliteStore.open(path)
+    await store.close()
+    with pytest.raises(StoreClosedError):
+        await store.health()
+    with pytest.raises(StoreClosedError):
+        await store.list_clusters()
+
+
+async def test_close_is_idempotent(path: Path) -> None:
+    store = await SqliteStore.open(path)
+    await store.close()
+    await store.close()
+
+
+async def test_async_with_closes_the_store(path: Path) -> None:
+    async with await SqliteStore.open(path) as store:
+        await store.health()
+    with pytest.raises(StoreClosedError):
+        await store.health()
+
+
+async def test_close_lets_work_already_submitted_finish(path: Path) -> None:
+    store = await SqliteStore.open(path)
+    adding = [asyncio.ensure_future(store.add_cluster(f"c{i}", NOW)) for i in range(10)]
+    await asyncio.sleep(0)  # one turn of the loop: each task runs up to its submission
+    await store.close()
+    assert [c.name for c in await asyncio.gather(*adding)] == [f"c{i}" for i in range(10)]
+
+
+async def test_all_database_work_runs_on_one_thread_that_is_not_the_loops(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[int] = []
+    original = sqlite_ops.list_clusters
+
+    def spy(db: sqlite3.Connection) -> list[Cluster]:
+        threads.append(threading.get_ident())
+        return original(db)
+
+    monkeypatch.setattr(sqlite_ops, "list_clusters", spy)
+    await asyncio.gather(*(store.list_clusters() for _ in range(5)))
+    assert len(threads) == 5
+    assert len(set(threads)) == 1
+    assert threads[0] != threading.get_ident()
+
+
+async def test_a_lock_held_by_another_process_becomes_a_store_error(path: Path) -> None:
+    store = await SqliteStore.open(path, busy_timeout=0.05)
+    try:
+        with _raw(path) as other:
+            other.execute("BEGIN IMMEDIATE")  # holds the write lock, as another process would
+            try:
+                with pytest.raises(StoreError, match="locked") as caught:
+                    await store.add_cluster("prod", NOW)
+            finally:
+                other.execute("ROLLBACK")
+        assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+        await store.add_cluster("prod", NOW)  # the store works again once the lock is gone
+    finally:
+        await store.close()

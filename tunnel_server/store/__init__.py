@@ -1,0 +1,62 @@
+"""The tunnel server's persistent state: clusters, tokens, certificates, users, grants, audit.
+
+Everything the server persists goes through the :class:`Store` interface, and
+no SQL lives outside this package. :class:`SqliteStore` keeps the state in one
+SQLite file, for a single replica; a PostgreSQL store for several replicas can
+implement the same interface. Depends on ``protocol`` (for the error root) and
+the standard library only.
+"""
+
+from .base import (
+    AUDIT_KINDS,
+    MAX_AUDIT_LIMIT,
+    AlreadyExistsError,
+    ApiToken,
+    AuditEvent,
+    AuditKind,
+    BootstrapToken,
+    BootstrapTokenError,
+    Cluster,
+    Grant,
+    InvalidValueError,
+    IssuedCertificate,
+    NotFoundError,
+    SchemaVersionError,
+    Store,
+    StoreClosedError,
+    StoreError,
+    TokenClusterMismatchError,
+    TokenExpiredError,
+    TokenUnknownError,
+    TokenUsedError,
+    User,
+    hash_token,
+)
+from .sqlite import SqliteStore
+
+__all__ = [
+    "AUDIT_KINDS",
+    "MAX_AUDIT_LIMIT",
+    "AlreadyExistsError",
+    "ApiToken",
+    "AuditEvent",
+    "AuditKind",
+    "BootstrapToken",
+    "BootstrapTokenError",
+    "Cluster",
+    "Grant",
+    "InvalidValueError",
+    "IssuedCertificate",
+    "NotFoundError",
+    "SchemaVersionError",
+    "SqliteStore",
+    "Store",
+    "StoreClosedError",
+    "StoreError",
+    "TokenClusterMismatchError",
+    "TokenExpiredError",
+    "TokenUnknownError",
+    "TokenUsedError",
+    "User",
+    "hash_token",
+]

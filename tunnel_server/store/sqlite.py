@@ -1,0 +1,329 @@
+"""The embedded store: one SQLite file, for a server that runs as one replica.
+
+One dedicated worker thread owns the connection and does all database work
+(the functions of ``sqlite_ops``), so the event loop never waits on the disk;
+calls queue on it in order. The file is created readable by its owner alone
+(it holds token hashes) and runs in WAL mode with ``synchronous=NORMAL``: a
+power cut may lose the last transactions, never consistency. sqlite3's
+exceptions are translated into the store's errors here, at the thread's edge.
+Schema and conventions: ``sqlite_schema``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+import stat
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Concatenate, ParamSpec, TypeVar
+
+from . import sqlite_ops as ops
+from . import sqlite_schema
+from .base import (
+    AlreadyExistsError,
+    ApiToken,
+    AuditEvent,
+    AuditKind,
+    BootstrapToken,
+    Cluster,
+    Grant,
+    InvalidValueError,
+    IssuedCertificate,
+    NotFoundError,
+    Store,
+    StoreClosedError,
+    StoreError,
+    User,
+)
+
+__all__ = ["SqliteStore"]
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+DEFAULT_BUSY_TIMEOUT = 5.0
+"""Seconds a statement waits for a lock held by another process before failing."""
+
+
+class SqliteStore(Store):
+    """A :class:`Store` in one SQLite file. Create it with :meth:`open`."""
+
+    def __init__(
+        self, path: str, executor: ThreadPoolExecutor, connection: sqlite3.Connection
+    ) -> None:
+        """Use :meth:`open`; this adopts a connection made on ``executor``'s thread."""
+        self._path = path
+        self._executor = executor
+        self._db = connection  # touched only on the executor's thread
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls, path: str | os.PathLike[str], *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT
+    ) -> SqliteStore:
+        """Open the database at ``path``, creating it (mode 0600) and migrating it as needed."""
+        path = os.fspath(path)
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
+        opening = executor.submit(_connect, path, busy_timeout)
+        try:
+            connection = await asyncio.wrap_future(opening)
+        except BaseException:
+            # Failed or cancelled: close what may yet open, on the thread that owns it.
+            executor.submit(_discard, opening)
+            executor.shutdown(wait=False)
+            raise
+        return cls(path, executor, connection)
+
+    @property
+    def path(self) -> str:
+        """The database file."""
+        return self._path
+
+    async def _run(
+        self,
+        operation: Callable[Concatenate[sqlite3.Connection, P], T],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Run ``operation(connection, ...)`` on the database thread."""
+        if self._closed:
+            raise StoreClosedError("the state store is closed")
+        loop = asyncio.get_running_loop()
+
+        def call(db: sqlite3.Connection) -> T:
+            return operation(db, *args, **kwargs)
+
+        return await loop.run_in_executor(self._executor, self._guarded, call)
+
+    def _guarded(self, call: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            return call(self._db)
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+
+    # --- lifecycle ---
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        try:
+            # Queued behind the work already submitted, which therefore completes first.
+            await loop.run_in_executor(self._executor, self._guarded, _close)
+        finally:
+            self._executor.shutdown(wait=False)
+
+    async def health(self) -> None:
+        await self._run(sqlite_schema.current_version)
+
+    async def schema_version(self) -> int:
+        return await self._run(sqlite_schema.current_version)
+
+    # --- clusters ---
+
+    async def add_cluster(self, name: str, now: datetime, rbac: str = "full") -> Cluster:
+        return await self._run(ops.add_cluster, name, now, rbac)
+
+    async def get_cluster(self, name: str) -> Cluster:
+        return await self._run(ops.get_cluster, name)
+
+    async def list_clusters(self) -> list[Cluster]:
+        return await self._run(ops.list_clusters)
+
+    async def delete_cluster(self, name: str, now: datetime | None = None) -> None:
+        await self._run(ops.delete_cluster, name, datetime.now(UTC) if now is None else now)
+
+    async def record_connection(
+        self,
+        name: str,
+        agent_version: str | None,
+        remote_addr: str | None,
+        connected_since: datetime | None,
+        last_seen: datetime,
+    ) -> Cluster:
+        return await self._run(
+            ops.record_connection, name, agent_version, remote_addr, connected_since, last_seen
+        )
+
+    async def touch_cluster(self, name: str, last_seen: datetime) -> None:
+        await self._run(ops.touch_cluster, name, last_seen)
+
+    # --- bootstrap tokens ---
+
+    async def add_bootstrap_token(
+        self, token_hash: str, cluster: str, now: datetime, expires_at: datetime
+    ) -> BootstrapToken:
+        return await self._run(ops.add_bootstrap_token, token_hash, cluster, now, expires_at)
+
+    async def consume_bootstrap_token(
+        self, token_hash: str, cluster: str, now: datetime
+    ) -> BootstrapToken:
+        return await self._run(ops.consume_bootstrap_token, token_hash, cluster, now)
+
+    # --- certificates ---
+
+    async def record_certificate(
+        self,
+        serial: int,
+        cluster: str,
+        fingerprint: str,
+        not_before: datetime,
+        not_after: datetime,
+    ) -> IssuedCertificate:
+        return await self._run(
+            ops.record_certificate, serial, cluster, fingerprint, not_before, not_after
+        )
+
+    async def get_certificate(self, serial: int) -> IssuedCertificate:
+        return await self._run(ops.get_certificate, serial)
+
+    async def revoked_serials(self) -> set[int]:
+        return await self._run(ops.revoked_serials)
+
+    async def revoke_cluster_certificates(self, cluster: str, now: datetime) -> int:
+        return await self._run(ops.revoke_cluster_certificates, cluster, now)
+
+    # --- users and API tokens ---
+
+    async def add_user(
+        self, name: str, groups: tuple[str, ...], is_admin: bool, now: datetime
+    ) -> User:
+        return await self._run(ops.add_user, name, groups, is_admin, now)
+
+    async def get_user(self, name: str) -> User:
+        return await self._run(ops.get_user, name)
+
+    async def list_users(self) -> list[User]:
+        return await self._run(ops.list_users)
+
+    async def delete_user(self, name: str) -> None:
+        await self._run(ops.delete_user, name)
+
+    async def add_api_token(self, token_hash: str, user: str, now: datetime) -> ApiToken:
+        return await self._run(ops.add_api_token, token_hash, user, now)
+
+    async def find_user_by_token(self, token_hash: str, now: datetime | None = None) -> User | None:
+        return await self._run(ops.find_user_by_token, token_hash, now)
+
+    async def list_api_tokens(self, user: str) -> list[ApiToken]:
+        return await self._run(ops.list_api_tokens, user)
+
+    async def revoke_api_tokens(self, user: str) -> int:
+        return await self._run(ops.revoke_api_tokens, user)
+
+    # --- grants ---
+
+    async def set_grant(self, grant: Grant) -> None:
+        await self._run(ops.set_grant, grant)
+
+    async def get_grant(self, user: str, cluster: str) -> Grant:
+        return await self._run(ops.get_grant, user, cluster)
+
+    async def list_grants(self, user: str | None = None, cluster: str | None = None) -> list[Grant]:
+        return await self._run(ops.list_grants, user, cluster)
+
+    async def delete_grant(self, user: str, cluster: str) -> None:
+        await self._run(ops.delete_grant, user, cluster)
+
+    # --- audit ---
+
+    async def add_audit(self, event: AuditEvent) -> AuditEvent:
+        return await self._run(ops.add_audit, event)
+
+    async def list_audit(
+        self,
+        cluster: str | None = None,
+        user: str | None = None,
+        kind: AuditKind | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+    ) -> list[AuditEvent]:
+        return await self._run(ops.list_audit, cluster, user, kind, since, limit)
+
+    async def delete_audit_before(self, time: datetime) -> int:
+        return await self._run(ops.delete_audit_before, time)
+
+
+# --- Helpers that run on the database thread -----------------------------------
+
+
+def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
+    """Open, configure and migrate the database at ``path``."""
+    try:
+        _create_private(path)
+        db = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreError(f"cannot open the state database {path}: {_reason(exc)}") from exc
+    try:
+        db.row_factory = sqlite3.Row
+        db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode != "wal":
+            raise StoreError(
+                f"the state database {path} cannot use WAL mode (it stays in {mode!r});"
+                " put it on a local file system"
+            )
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.execute("PRAGMA foreign_keys = ON")
+        sqlite_schema.migrate(db, sqlite_schema.MIGRATIONS)
+    except sqlite3.Error as exc:
+        db.close()
+        raise StoreError(f"cannot open the state database {path}: {_reason(exc)}") from exc
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _create_private(path: str) -> None:
+    """Create the file at ``path`` readable by its owner alone, unless it exists."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode & 0o077:
+            logger.warning(
+                "the state database %s holds token hashes but others may read it"
+                " (mode %o); run chmod 600 on it",
+                path,
+                mode,
+            )
+        return
+    os.close(fd)
+
+
+def _discard(opening: Future[sqlite3.Connection]) -> None:
+    """Close the connection ``opening`` made, if it made one (``open`` was abandoned)."""
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
+
+
+def _close(db: sqlite3.Connection) -> None:
+    db.close()
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def _translate(exc: sqlite3.Error) -> StoreError:
+    """The StoreError for a sqlite3 error that the operation did not foresee."""
+    name = getattr(exc, "sqlite_errorname", "")
+    if name in ("SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"):
+        return AlreadyExistsError("a record with this key exists already")
+    if name == "SQLITE_CONSTRAINT_FOREIGNKEY":
+        return NotFoundError("the user or cluster referred to does not exist")
+    if isinstance(exc, sqlite3.IntegrityError):
+        return InvalidValueError(f"the state database refused a value: {exc}")
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return StoreError("the state database is locked by another process; retry later")
+    return StoreError(f"the state database failed: {_reason(exc)}")

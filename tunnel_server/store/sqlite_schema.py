@@ -1,0 +1,216 @@
+"""The SQLite schema, as an ordered list of migrations, and the code that applies them.
+
+The database records in ``schema_version`` one row per migration applied.
+Opening a database applies, each in its own transaction, the migrations it
+lacks; a database newer than this code is refused. Later features add tables
+by appending a :class:`Migration` to :data:`MIGRATIONS`; a released
+migration is never edited.
+
+Conventions of the schema:
+
+- Times are TEXT in ISO 8601, always UTC and with microseconds
+  (``2024-05-01T12:00:00.000000+00:00``). Having one fixed width, they sort
+  and compare as text in the same order as in time.
+- Certificate serial numbers are TEXT in lowercase hex without leading zeros:
+  X.509 serials run to 160 bits, beyond SQLite's 64-bit integers.
+- Lists of groups and audit details are JSON TEXT; booleans are 0 or 1.
+- Token columns hold SHA-256 hex digests, never tokens.
+- Audit rows name users and clusters without foreign keys, so the trail
+  outlives them; certificates likewise, so revocations outlive their cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from .base import SchemaVersionError
+
+__all__ = ["MIGRATIONS", "Migration", "current_version", "migrate", "transaction"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One step of the schema: statements run in one transaction."""
+
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        version=1,
+        description="clusters, bootstrap tokens, certificates, users, API tokens, grants, audit",
+        statements=(
+            """
+            CREATE TABLE clusters (
+                name            TEXT PRIMARY KEY,
+                created_at      TEXT NOT NULL,
+                agent_version   TEXT,
+                remote_addr     TEXT,
+                connected_since TEXT,
+                last_seen       TEXT,
+                rbac            TEXT NOT NULL DEFAULT 'full'
+            )
+            """,
+            """
+            CREATE TABLE bootstrap_tokens (
+                token_hash TEXT PRIMARY KEY,
+                cluster    TEXT NOT NULL REFERENCES clusters (name) ON DELETE CASCADE,
+                created_at TEXT NOT NULL,
+                expires_at TEXT NOT NULL,
+                used_at    TEXT
+            )
+            """,
+            "CREATE INDEX bootstrap_tokens_cluster ON bootstrap_tokens (cluster)",
+            """
+            CREATE TABLE certificates (
+                serial      TEXT PRIMARY KEY,
+                cluster     TEXT NOT NULL,
+                fingerprint TEXT NOT NULL,
+                not_before  TEXT NOT NULL,
+                not_after   TEXT NOT NULL,
+                revoked_at  TEXT
+            )
+            """,
+            "CREATE INDEX certificates_cluster ON certificates (cluster)",
+            """
+            CREATE INDEX certificates_revoked ON certificates (serial)
+                WHERE revoked_at IS NOT NULL
+            """,
+            """
+            CREATE TABLE users (
+                name       TEXT PRIMARY KEY,
+                groups     TEXT NOT NULL,
+                is_admin   INTEGER NOT NULL CHECK (is_admin IN (0, 1)),
+                created_at TEXT NOT NULL
+            )
+            """,
+            """
+            CREATE TABLE api_tokens (
+                token_hash   TEXT PRIMARY KEY,
+                user_name    TEXT NOT NULL REFERENCES users (name) ON DELETE CASCADE,
+                created_at   TEXT NOT NULL,
+                last_used_at TEXT
+            )
+            """,
+            "CREATE INDEX api_tokens_user ON api_tokens (user_name)",
+            """
+            CREATE TABLE grants (
+                user_name   TEXT NOT NULL REFERENCES users (name) ON DELETE CASCADE,
+                cluster     TEXT NOT NULL REFERENCES clusters (name) ON DELETE CASCADE,
+                as_groups   TEXT NOT NULL,
+                commands    INTEGER NOT NULL CHECK (commands IN (0, 1)),
+                impersonate INTEGER NOT NULL CHECK (impersonate IN (0, 1)),
+                PRIMARY KEY (user_name, cluster)
+            )
+            """,
+            "CREATE INDEX grants_cluster ON grants (cluster)",
+            # AUTOINCREMENT so that ids of pruned events are never handed out again.
+            """
+            CREATE TABLE audit (
+                id          INTEGER PRIMARY KEY AUTOINCREMENT,
+                time        TEXT NOT NULL,
+                user_name   TEXT,
+                cluster     TEXT,
+                kind        TEXT NOT NULL CHECK (kind IN ('proxy', 'command', 'admin')),
+                verb        TEXT NOT NULL,
+                path        TEXT,
+                status      INTEGER,
+                bytes_in    INTEGER NOT NULL,
+                bytes_out   INTEGER NOT NULL,
+                duration_ms INTEGER NOT NULL,
+                detail      TEXT NOT NULL
+            )
+            """,
+            "CREATE INDEX audit_time ON audit (time, id)",
+            "CREATE INDEX audit_cluster_time ON audit (cluster, time, id)",
+            "CREATE INDEX audit_user_time ON audit (user_name, time, id)",
+        ),
+    ),
+)
+"""Every migration, in order; ``MIGRATIONS[i].version == i + 1``."""
+
+
+@contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """Run the block in one write transaction, committed unless it raises.
+
+    ``BEGIN IMMEDIATE`` takes the write lock at the start, so that what the
+    block reads cannot change under it, even from another process.
+    The connection must be in autocommit mode (``isolation_level=None``).
+    """
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def current_version(db: sqlite3.Connection) -> int:
+    """The number of the last migration applied to ``db`` (0 for a new database)."""
+    row = db.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()
+    return int(row[0])
+
+
+def migrate(db: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> int:
+    """Apply to ``db`` the migrations it lacks; return its version afterwards.
+
+    Safe to run on every open, and by several processes at once: each
+    migration is applied in a transaction that first checks it is still due.
+    """
+    for index, migration in enumerate(migrations):
+        if migration.version != index + 1:
+            raise SchemaVersionError(
+                f"migration {migration.version} is out of order (expected {index + 1})"
+            )
+    db.execute(
+        """
+        CREATE TABLE IF NOT EXISTS schema_version (
+            version     INTEGER PRIMARY KEY,
+            description TEXT NOT NULL,
+            applied_at  TEXT NOT NULL
+        )
+        """
+    )
+    version = current_version(db)
+    if version > len(migrations):
+        raise SchemaVersionError(
+            f"the state database is at schema version {version}, newer than this server "
+            f"knows ({len(migrations)}); upgrade the server or use a backup of the database"
+        )
+    for migration in migrations[version:]:
+        if _apply(db, migration):
+            logger.info(
+                "state database migrated to version %d: %s",
+                migration.version,
+                migration.description,
+            )
+    return current_version(db)
+
+
+def _apply(db: sqlite3.Connection, migration: Migration) -> bool:
+    """Apply one migration unless it is applied already; say whether it was."""
+    with transaction(db):
+        if current_version(db) >= migration.version:
+            return False  # another process applied it while this one waited
+        for statement in migration.statements:
+            db.execute(statement)
+        db.execute(
+            "INSERT INTO schema_version (version, description, applied_at) VALUES (?, ?, ?)",
+            (
+                migration.version,
+                migration.description,
+                datetime.now(UTC).isoformat(timespec="microseconds"),
+            ),
+        )
+    return True
