@@ -10,6 +10,7 @@ from .errors import SessionClosedError, SessionError, StreamResetError
 from .session import Session, SessionHandlers
 from .stream import MuxStream
 from .transport import MessageTransport, TransportClosed
+from .websocket import WebSocketTransport
 
 __all__ = [
     "MessageTransport",
@@ -20,4 +21,5 @@ __all__ = [
     "SessionHandlers",
     "StreamResetError",
     "TransportClosed",
+    "WebSocketTransport",
 ]

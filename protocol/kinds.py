@@ -1,0 +1,43 @@
+"""Stream kinds, message kinds and HELLO info keys the agent and server share.
+
+The framing layer treats them as opaque names; their meaning is fixed here so
+the two sides agree (docs/protocol.md, "Application kinds").
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "INFO_AGENT_VERSION",
+    "INFO_CLUSTER",
+    "INFO_POD",
+    "INFO_SERVER_VERSION",
+    "MESSAGE_CERT_ISSUED",
+    "MESSAGE_CERT_REFUSED",
+    "MESSAGE_CERT_RENEW",
+    "PATH_AGENT_CONNECT",
+    "PATH_BOOTSTRAP",
+    "STREAM_COMMAND",
+    "STREAM_HTTP",
+]
+
+#: HTTP paths on the server's one port that the agent uses.
+PATH_BOOTSTRAP = "/api/v1/bootstrap"
+PATH_AGENT_CONNECT = "/api/v1/agent/connect"
+
+#: A Kubernetes API request relayed to the cluster (server -> agent).
+STREAM_HTTP = "http"
+#: A command dispatched to the agent (server -> agent).
+STREAM_COMMAND = "command"
+
+#: Agent -> server: ``{"csr": PEM}``; asks for a fresh client certificate.
+MESSAGE_CERT_RENEW = "cert.renew"
+#: Server -> agent: ``{"certificate": PEM, "ca": PEM}``.
+MESSAGE_CERT_ISSUED = "cert.issued"
+#: Server -> agent: ``{"message": str}``; renewal was refused.
+MESSAGE_CERT_REFUSED = "cert.refused"
+
+#: HELLO info keys: claims only, the certificate is what identifies an agent.
+INFO_AGENT_VERSION = "agent_version"
+INFO_CLUSTER = "cluster"
+INFO_POD = "pod"
+INFO_SERVER_VERSION = "server_version"

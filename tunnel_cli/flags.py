@@ -1,0 +1,51 @@
+"""Flags backed by environment variables, and duration parsing."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from datetime import timedelta
+from typing import Any
+
+from protocol.errors import TunnelError
+
+__all__ = ["FlagError", "env_flag", "parse_duration"]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+class FlagError(TunnelError):
+    """A flag or its environment variable has a value that cannot be used."""
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"30d"``, ``"24h"``, ``"90s"``, ``"250ms"`` or plain seconds, as a timedelta."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise FlagError(f"{text!r} is not a duration; use e.g. 30s, 15m, 24h or 30d")
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def env_flag(
+    parser: argparse.ArgumentParser | Any,
+    flag: str,
+    env: str,
+    *,
+    default: Any = None,
+    help: str,
+    **kwargs: Any,
+) -> None:
+    """Add ``flag`` whose default comes from the environment variable ``env``.
+
+    The flag wins over the variable, the variable over ``default``. Boolean
+    flags (``action="store_true"``) accept 1/true/yes/on in the variable.
+    """
+    value = os.environ.get(env)
+    if value is not None:
+        if kwargs.get("action") == "store_true":
+            default = value.strip().lower() in {"1", "true", "yes", "on"}
+        else:
+            default = value
+    parser.add_argument(flag, default=default, help=f"{help} [env {env}]", **kwargs)
