@@ -3,4 +3,6 @@
 It may import ``protocol`` and ``tunnel_pki``; it never imports ``tunnel_agent``.
 """
 
-__all__: list[str] = []
+__all__ = ["__version__"]
+
+__version__ = "0.1.0"

@@ -1,16 +1,159 @@
-"""The `tunnel-server` command."""
+"""The ``tunnel-server`` command: ``tunnel-server serve``."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import logging
 import sys
+from pathlib import Path
 
-__all__ = ["main"]
+from protocol import Keepalive
+from protocol.errors import TunnelError
+from tunnel_cli import configure_logging, env_flag, parse_duration
+
+from . import __version__
+from .config import IdentitySettings, ListenSettings, ServerSettings, TlsSettings, TunnelSettings
+from .errors import ConfigError
+
+__all__ = ["build_parser", "main", "settings_from_args"]
+
+logger = logging.getLogger("tunnel_server")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tunnel-server", description="Reverse-tunnel server for private Kubernetes clusters."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the server")
+    env = "TUNNEL_SERVER_"
+    env_flag(
+        serve,
+        "--state-dir",
+        env + "STATE_DIR",
+        default="./state",
+        help="directory for the CA, certificates, admin token and database",
+    )
+    env_flag(
+        serve,
+        "--listen",
+        env + "LISTEN",
+        default="0.0.0.0:8443",
+        help="HOST:PORT of the one TLS port",
+    )
+    env_flag(
+        serve,
+        "--public-url",
+        env + "PUBLIC_URL",
+        default=None,
+        help="https URL agents and users reach the server by (default from --listen)",
+    )
+    env_flag(serve, "--tls-cert", env + "TLS_CERT", help="serving certificate (PEM, with chain)")
+    env_flag(serve, "--tls-key", env + "TLS_KEY", help="key of --tls-cert")
+    env_flag(serve, "--tls-ca", env + "TLS_CA", help="CA bundle clients pin, with --tls-cert")
+    env_flag(
+        serve,
+        "--bootstrap-token-ttl",
+        env + "BOOTSTRAP_TOKEN_TTL",
+        default="24h",
+        help="lifetime of bootstrap tokens",
+    )
+    env_flag(
+        serve,
+        "--client-cert-lifetime",
+        env + "CLIENT_CERT_LIFETIME",
+        default="30d",
+        help="lifetime of agents' client certificates",
+    )
+    env_flag(
+        serve,
+        "--keepalive-interval",
+        env + "KEEPALIVE_INTERVAL",
+        default="15s",
+        help="ping an agent after this much silence",
+    )
+    env_flag(
+        serve,
+        "--keepalive-timeout",
+        env + "KEEPALIVE_TIMEOUT",
+        default="15s",
+        help="drop an agent that does not answer a ping within this",
+    )
+    env_flag(
+        serve,
+        "--shutdown-grace",
+        env + "SHUTDOWN_GRACE",
+        default="30s",
+        help="how long open streams may finish at shutdown",
+    )
+    env_flag(
+        serve,
+        "--agent-image",
+        env + "AGENT_IMAGE",
+        default=ServerSettings.__dataclass_fields__["agent_image"].default,
+        help="agent image named in install manifests",
+    )
+    env_flag(
+        serve,
+        "--log-format",
+        env + "LOG_FORMAT",
+        default="text",
+        choices=["text", "json"],
+        help="log format",
+    )
+    env_flag(serve, "--log-level", env + "LOG_LEVEL", default="info", help="log level")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    host, _, port_text = str(args.listen).rpartition(":")
+    if not host or not port_text.isdigit():
+        raise ConfigError(f"--listen must be HOST:PORT, not {args.listen!r}")
+    port = int(port_text)
+    local = host in {"0.0.0.0", "::", "[::]"}  # noqa: S104 - recognising, not binding
+    public_url = args.public_url or f"https://{'localhost' if local else host}:{port}"
+    return ServerSettings(
+        state_dir=Path(args.state_dir),
+        listen=ListenSettings(host=host.strip("[]"), port=port, public_url=public_url),
+        tls=TlsSettings(
+            cert_file=_path(args.tls_cert), key_file=_path(args.tls_key), ca_file=_path(args.tls_ca)
+        ),
+        identity=IdentitySettings(
+            bootstrap_token_ttl=parse_duration(args.bootstrap_token_ttl),
+            client_cert_lifetime=parse_duration(args.client_cert_lifetime),
+        ),
+        tunnel=TunnelSettings(
+            keepalive=Keepalive(
+                interval=parse_duration(args.keepalive_interval).total_seconds(),
+                timeout=parse_duration(args.keepalive_timeout).total_seconds(),
+            ),
+            shutdown_grace=parse_duration(args.shutdown_grace).total_seconds(),
+        ),
+        agent_image=args.agent_image,
+    )
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `tunnel-server`."""
-    print("tunnel-server: not yet implemented", file=sys.stderr)
-    return 2
+    """Entry point of ``tunnel-server``."""
+    args = build_parser().parse_args(argv)
+    try:
+        configure_logging(args.log_format, args.log_level)
+        settings = settings_from_args(args)
+        from .app import run_server
+
+        asyncio.run(run_server(settings))
+    except TunnelError as exc:
+        print(f"tunnel-server: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,224 @@
+"""The agent socket: an mTLS WebSocket that carries one session per cluster.
+
+The cluster's identity comes from the client certificate alone (issued by
+this server's CA, in validity, not revoked); what the agent says in its HELLO
+is recorded but never trusted. The agent renews its certificate over the same
+socket with a ``cert.renew`` message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import ssl
+from typing import Any
+
+from aiohttp import web
+
+from protocol import Connection, Side, kinds
+from tunnel_mux import Session, SessionClosedError, SessionHandlers, WebSocketTransport
+from tunnel_pki.errors import PkiError
+from tunnel_pki.identity import ClientIdentity, verify_client_certificate
+
+from . import __version__
+from .context import CONTEXT, ServerContext, utcnow
+from .errors import ForbiddenError, UnauthorizedError, UnavailableError
+from .registry import AgentConnection
+from .store.base import NotFoundError, StoreError
+
+__all__ = ["AGENT_SOCKET_PATH", "agent_socket", "client_identity", "setup_agent_socket"]
+
+logger = logging.getLogger(__name__)
+
+AGENT_SOCKET_PATH = kinds.PATH_AGENT_CONNECT
+
+
+class _Admission:
+    """Counts agent handshakes in progress, to refuse a reconnect storm politely."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+
+
+_ADMISSION: web.AppKey[_Admission] = web.AppKey("agent_admission", _Admission)
+
+
+def client_identity(request: web.Request, context: ServerContext) -> ClientIdentity:
+    """The agent identity of the request's client certificate, or 401/403."""
+    ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
+    der = (
+        ssl_object.getpeercert(binary_form=True) if isinstance(ssl_object, ssl.SSLObject) else None
+    )
+    if not der:
+        raise UnauthorizedError(
+            "the agent socket needs a client certificate; bootstrap the agent first",
+            code="client_certificate_required",
+        )
+    try:
+        identity = verify_client_certificate(der, context.identity.ca.certificate, utcnow())
+    except PkiError as exc:
+        raise ForbiddenError(
+            f"client certificate refused: {exc}", code="certificate_invalid"
+        ) from exc
+    if identity.serial in context.revoked:
+        raise ForbiddenError(
+            f"the certificate of cluster {identity.cluster} was revoked; "
+            "reinstall the agent with a new bootstrap token (tunnelctl cluster token)",
+            code="certificate_revoked",
+        )
+    return identity
+
+
+async def agent_socket(request: web.Request) -> web.StreamResponse:
+    """Accept an agent's WebSocket and run its session until it ends."""
+    context = request.app[CONTEXT]
+    settings = context.settings.tunnel
+    identity = client_identity(request, context)
+    try:
+        await context.store.get_cluster(identity.cluster)
+    except NotFoundError as exc:
+        raise ForbiddenError(
+            f"cluster {identity.cluster} is not registered on this server", code="cluster_unknown"
+        ) from exc
+    admission = request.app[_ADMISSION]
+    if admission.pending >= settings.max_pending_handshakes:
+        # Full jitter: refused agents come back spread over the window.
+        raise UnavailableError(
+            "too many agents are connecting at once",
+            retry_after=random.uniform(1.0, settings.max_retry_after),  # noqa: S311 - jitter
+            code="busy",
+        )
+    admission.pending += 1
+    try:
+        websocket = web.WebSocketResponse(
+            max_msg_size=settings.limits.message_limit,
+            compress=False,
+            autoping=True,
+            heartbeat=None,  # the protocol's own PING keeps the socket alive
+        )
+        await websocket.prepare(request)
+        renewals = _Renewals(context, identity.cluster)
+        session = Session(
+            WebSocketTransport(websocket),
+            Connection(
+                Side.SERVER,
+                settings.limits,
+                keepalive=settings.keepalive,
+                info={kinds.INFO_SERVER_VERSION: __version__},
+            ),
+            handlers=SessionHandlers(on_message=renewals.on_message),
+            label=f"cluster={identity.cluster}",
+        )
+        renewals.session = session
+        run = asyncio.create_task(session.run(), name=f"session {identity.cluster}")
+        try:
+            hello = await asyncio.wait_for(session.wait_ready(), settings.handshake_timeout)
+        except (TimeoutError, SessionClosedError):
+            await session.close()
+            await run
+            return websocket
+    finally:
+        admission.pending -= 1
+    agent = AgentConnection(
+        cluster=identity.cluster,
+        session=session,
+        serial=identity.serial,
+        agent_version=_claim(hello.peer_info, kinds.INFO_AGENT_VERSION),
+        remote_addr=request.remote,
+        connected_since=utcnow(),
+    )
+    context.registry.attach(agent)
+    log = {"cluster": identity.cluster, "remote": request.remote}
+    logger.info("agent connected (version %s)", agent.agent_version, extra=log)
+    await _record(context, agent, connected=True)
+    try:
+        await run
+    finally:
+        context.registry.detach(agent)
+        await renewals.close()
+        logger.info("agent disconnected: %s", session.close_reason, extra=log)
+        await _record(context, agent, connected=False)
+    return websocket
+
+
+def setup_agent_socket(app: web.Application) -> None:
+    app[_ADMISSION] = _Admission()
+    app.router.add_get(AGENT_SOCKET_PATH, agent_socket)
+
+
+def _claim(info: dict[str, Any], key: str) -> str | None:
+    value = info.get(key)
+    return value[:64] if isinstance(value, str) else None
+
+
+async def _record(context: ServerContext, agent: AgentConnection, *, connected: bool) -> None:
+    try:
+        await context.store.record_connection(
+            agent.cluster,
+            agent.agent_version,
+            agent.remote_addr,
+            agent.connected_since if connected else None,
+            utcnow(),
+        )
+    except StoreError as exc:
+        logger.warning(
+            "could not record the agent's connection: %s", exc, extra={"cluster": agent.cluster}
+        )
+
+
+class _Renewals:
+    """Signs renewal CSRs that arrive on one agent's session."""
+
+    def __init__(self, context: ServerContext, cluster: str) -> None:
+        self._context = context
+        self._cluster = cluster
+        self.session: Session | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def on_message(self, kind: str, body: dict[str, Any]) -> None:
+        if kind != kinds.MESSAGE_CERT_RENEW:
+            logger.debug("ignored message %s", kind, extra={"cluster": self._cluster})
+            return
+        if self._task is not None and not self._task.done():
+            return  # one renewal at a time; the agent asks again if needed
+        self._task = asyncio.create_task(self._renew(body.get("csr")))
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _renew(self, csr: object) -> None:
+        context = self._context
+        try:
+            if not isinstance(csr, str):
+                raise ForbiddenError("cert.renew needs a PEM csr")
+            now = utcnow()
+            issued = context.identity.ca.sign_client_csr(
+                csr.encode(), self._cluster, context.settings.identity.client_cert_lifetime, now
+            )
+            await context.store.record_certificate(
+                issued.serial,
+                self._cluster,
+                issued.fingerprint,
+                issued.not_before,
+                issued.not_after,
+            )
+        except (PkiError, StoreError, ForbiddenError) as exc:
+            logger.warning("certificate renewal refused: %s", exc, extra={"cluster": self._cluster})
+            self._send(kinds.MESSAGE_CERT_REFUSED, {"message": str(exc)[:200]})
+            return
+        logger.info(
+            "renewed the agent's certificate until %s",
+            issued.not_after,
+            extra={"cluster": self._cluster},
+        )
+        self._send(
+            kinds.MESSAGE_CERT_ISSUED,
+            {"certificate": issued.cert_pem.decode(), "ca": context.identity.ca.cert_pem.decode()},
+        )
+
+    def _send(self, kind: str, body: dict[str, Any]) -> None:
+        if self.session is not None and self.session.is_open:
+            self.session.send_message(kind, body)

@@ -1,0 +1,162 @@
+"""The REST API for clusters, under /api/v1 (admin only).
+
+Every response is JSON; errors are ``{"error": {"status", "code", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from tunnel_pki.errors import PkiError
+from tunnel_pki.names import validate_cluster_name
+
+from .auth import authenticate, require_admin
+from .context import CONTEXT, ServerContext, utcnow
+from .errors import BadRequestError, NotFoundApiError
+from .httpjson import json_response, read_json, require_str, timestamp
+from .manifest import render_agent_manifest
+from .statedir import new_token
+from .store.base import Cluster, NotFoundError, hash_token
+
+__all__ = ["setup_api"]
+
+logger = logging.getLogger(__name__)
+
+RBAC_VARIANTS = ("full", "read-only", "namespaced")
+
+
+def setup_api(app: web.Application) -> None:
+    router = app.router
+    router.add_get("/api/v1/whoami", whoami)
+    router.add_get("/api/v1/clusters", list_clusters)
+    router.add_post("/api/v1/clusters", add_cluster)
+    router.add_get("/api/v1/clusters/{cluster}", get_cluster)
+    router.add_delete("/api/v1/clusters/{cluster}", delete_cluster)
+    router.add_post("/api/v1/clusters/{cluster}/token", new_bootstrap_token)
+    router.add_post("/api/v1/clusters/{cluster}/revoke", revoke_cluster)
+
+
+async def whoami(request: web.Request) -> web.Response:
+    user = await authenticate(request)
+    return json_response({"name": user.name, "groups": list(user.groups), "admin": user.is_admin})
+
+
+async def list_clusters(request: web.Request) -> web.Response:
+    await require_admin(request)
+    context = request.app[CONTEXT]
+    clusters = await context.store.list_clusters()
+    return json_response([_cluster_view(context, cluster) for cluster in clusters])
+
+
+async def get_cluster(request: web.Request) -> web.Response:
+    await require_admin(request)
+    context = request.app[CONTEXT]
+    return json_response(_cluster_view(context, await _cluster(request)))
+
+
+async def add_cluster(request: web.Request) -> web.Response:
+    user = await require_admin(request)
+    context = request.app[CONTEXT]
+    body = await read_json(request)
+    name = _valid_name(require_str(body, "name", max_length=63))
+    rbac = body.get("rbac", "full")
+    if rbac not in RBAC_VARIANTS:
+        raise BadRequestError(f"rbac must be one of {', '.join(RBAC_VARIANTS)}")
+    cluster = await context.store.add_cluster(name, utcnow(), rbac)
+    logger.info("cluster registered by %s", user.name, extra={"cluster": name})
+    install = await _issue_bootstrap(context, name)
+    return json_response({"cluster": _cluster_view(context, cluster), **install}, status=201)
+
+
+async def new_bootstrap_token(request: web.Request) -> web.Response:
+    await require_admin(request)
+    context = request.app[CONTEXT]
+    cluster = await _cluster(request)
+    return json_response(await _issue_bootstrap(context, cluster.name), status=201)
+
+
+async def revoke_cluster(request: web.Request) -> web.Response:
+    user = await require_admin(request)
+    context = request.app[CONTEXT]
+    cluster = await _cluster(request)
+    revoked = await _revoke(context, cluster.name)
+    disconnected = await context.registry.disconnect(
+        cluster.name, "the cluster's certificates were revoked"
+    )
+    logger.warning("cluster revoked by %s", user.name, extra={"cluster": cluster.name})
+    return json_response({"revoked_certificates": revoked, "disconnected": disconnected})
+
+
+async def delete_cluster(request: web.Request) -> web.Response:
+    user = await require_admin(request)
+    context = request.app[CONTEXT]
+    cluster = await _cluster(request)
+    await _revoke(context, cluster.name)
+    await context.registry.disconnect(cluster.name, "the cluster was deleted")
+    await context.store.delete_cluster(cluster.name)
+    logger.warning("cluster deleted by %s", user.name, extra={"cluster": cluster.name})
+    return json_response({"deleted": cluster.name})
+
+
+async def _revoke(context: ServerContext, cluster: str) -> int:
+    count = await context.store.revoke_cluster_certificates(cluster, utcnow())
+    context.revoked |= await context.store.revoked_serials()
+    return count
+
+
+async def _issue_bootstrap(context: ServerContext, cluster: str) -> dict[str, Any]:
+    now = utcnow()
+    token = new_token("tbt")
+    expires_at = now + context.settings.identity.bootstrap_token_ttl
+    await context.store.add_bootstrap_token(hash_token(token), cluster, now, expires_at)
+    manifest = render_agent_manifest(
+        cluster=cluster,
+        server_url=context.settings.listen.public_url,
+        ca_pem=context.identity.ca_bundle_pem.decode(),
+        bootstrap_token=token,
+        image=context.settings.agent_image,
+    )
+    return {"bootstrap_token": token, "expires_at": timestamp(expires_at), "manifest": manifest}
+
+
+async def _cluster(request: web.Request) -> Cluster:
+    name = request.match_info["cluster"]
+    try:
+        return await request.app[CONTEXT].store.get_cluster(_valid_name(name))
+    except NotFoundError as exc:
+        raise NotFoundApiError(f"no cluster named {name!r}", code="cluster_unknown") from exc
+
+
+def _valid_name(name: str) -> str:
+    try:
+        return validate_cluster_name(name)
+    except PkiError as exc:
+        raise BadRequestError(str(exc), code="invalid_name") from exc
+
+
+def _cluster_view(context: ServerContext, cluster: Cluster) -> dict[str, Any]:
+    agent = context.registry.get(cluster.name)
+    if agent is not None:
+        return {
+            "name": cluster.name,
+            "connected": True,
+            "agent_version": agent.agent_version,
+            "remote_addr": agent.remote_addr,
+            "connected_since": timestamp(agent.connected_since),
+            "last_seen": timestamp(utcnow()),
+            "rbac": cluster.rbac,
+            "created_at": timestamp(cluster.created_at),
+        }
+    return {
+        "name": cluster.name,
+        "connected": False,
+        "agent_version": cluster.agent_version,
+        "remote_addr": cluster.remote_addr,
+        "connected_since": None,
+        "last_seen": timestamp(cluster.last_seen),
+        "rbac": cluster.rbac,
+        "created_at": timestamp(cluster.created_at),
+    }

@@ -1,0 +1,147 @@
+"""The aiohttp application: one TLS port for agents, bootstrap, API and kubectl."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from tunnel_pki.tls import server_context
+
+from .agentsocket import setup_agent_socket
+from .api import setup_api
+from .bootstrap import BOOTSTRAP_PATH, bootstrap
+from .config import ServerSettings
+from .context import CONTEXT, ServerContext, utcnow
+from .errors import ApiError, ConflictError, NotFoundApiError, UnavailableError
+from .registry import AgentRegistry
+from .statedir import ServerIdentity, ensure_admin, prepare_state_dir
+from .store.base import AlreadyExistsError, NotFoundError, StoreError
+from .store.sqlite import SqliteStore
+
+__all__ = ["create_app", "run_server", "start_server"]
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(settings: ServerSettings, identity: ServerIdentity) -> web.Application:
+    """The server's application; its store opens and closes with it."""
+    app = web.Application(middlewares=[_errors], client_max_size=1024 * 1024)
+    app.cleanup_ctx.append(_lifecycle(settings, identity))
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_post(BOOTSTRAP_PATH, bootstrap)
+    setup_agent_socket(app)
+    setup_api(app)
+    app.on_shutdown.append(_shutdown)
+    return app
+
+
+def _lifecycle(
+    settings: ServerSettings, identity: ServerIdentity
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        store = await SqliteStore.open(settings.state_dir / "state.db")
+        try:
+            await ensure_admin(store, settings.state_dir, utcnow())
+            context = ServerContext(
+                settings=settings,
+                identity=identity,
+                store=store,
+                registry=AgentRegistry(settings.tunnel.replace_grace),
+                revoked=await store.revoked_serials(),
+            )
+            app[CONTEXT] = context
+            yield
+            await context.registry.close(grace=0)
+        finally:
+            await store.close()
+
+    return lifecycle
+
+
+async def _shutdown(app: web.Application) -> None:
+    # GOAWAY to every agent; open streams get the grace period to finish.
+    context = app[CONTEXT]
+    await context.registry.close(context.settings.tunnel.shutdown_grace)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return _error_response(exc)
+    except NotFoundError as exc:
+        return _error_response(NotFoundApiError(str(exc)))
+    except AlreadyExistsError as exc:
+        return _error_response(ConflictError(str(exc), code="already_exists"))
+    except StoreError as exc:
+        logger.error("store failure: %s", exc)
+        return _error_response(UnavailableError("the server's store is unavailable"))
+
+
+def _error_response(error: ApiError) -> web.Response:
+    status = error.status
+    response = web.json_response(
+        {"error": {"status": status, "code": error.code, "message": error.message}},
+        status=status,
+    )
+    if isinstance(error, UnavailableError):
+        response.headers["Retry-After"] = str(max(1, round(error.retry_after)))
+    return response
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    await request.app[CONTEXT].store.health()
+    return web.json_response({"status": "ready"})
+
+
+async def start_server(settings: ServerSettings) -> tuple[web.AppRunner, int]:
+    """Start listening; return the runner and the bound port (for port 0)."""
+    identity = prepare_state_dir(settings, utcnow())
+    ssl_context = server_context(identity.tls_cert_pem, identity.tls_key_pem, identity.ca.cert_pem)
+    app = create_app(settings, identity)
+    runner = web.AppRunner(
+        app, handle_signals=False, access_log=None, shutdown_timeout=settings.tunnel.shutdown_grace
+    )
+    await runner.setup()
+    site = web.TCPSite(
+        runner,
+        settings.listen.host,
+        settings.listen.port,
+        ssl_context=ssl_context,
+        backlog=1024,
+    )
+    await site.start()
+    port = settings.listen.port
+    server = site._server
+    if isinstance(server, asyncio.Server) and server.sockets:
+        port = server.sockets[0].getsockname()[1]
+    logger.info(
+        "listening on %s:%d (public URL %s)", settings.listen.host, port, settings.listen.public_url
+    )
+    return runner, port
+
+
+async def run_server(settings: ServerSettings) -> None:
+    """Serve until SIGINT or SIGTERM, then shut down gracefully."""
+    runner, _ = await start_server(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+        logger.info("shutting down: GOAWAY to every agent")
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,46 @@
+"""Who is calling: bearer API tokens, checked against their stored hashes."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from .context import CONTEXT, utcnow
+from .errors import ForbiddenError, UnauthorizedError
+from .store.base import User, hash_token
+
+__all__ = ["MAX_TOKEN_LENGTH", "authenticate", "bearer_token", "require_admin"]
+
+MAX_TOKEN_LENGTH = 256
+
+
+def bearer_token(request: web.Request) -> str:
+    """The bearer token of the request, bounded and well-formed, or 401."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise UnauthorizedError(
+            "send an API token as 'Authorization: Bearer TOKEN' "
+            "(tunnelctl reads it from --token or TUNNELCTL_TOKEN)",
+            code="token_missing",
+        )
+    if len(token) > MAX_TOKEN_LENGTH or not token.isascii() or not token.isprintable():
+        raise UnauthorizedError("the API token is not valid", code="token_invalid")
+    return token
+
+
+async def authenticate(request: web.Request) -> User:
+    """The user whose API token the request carries, or 401."""
+    token = bearer_token(request)
+    user = await request.app[CONTEXT].store.find_user_by_token(hash_token(token), utcnow())
+    if user is None:
+        raise UnauthorizedError("the API token is not valid", code="token_invalid")
+    return user
+
+
+async def require_admin(request: web.Request) -> User:
+    """The calling user, who must be an admin, or 401/403."""
+    user = await authenticate(request)
+    if not user.is_admin:
+        raise ForbiddenError(f"user {user.name} is not an admin", code="admin_required")
+    return user

@@ -1,0 +1,95 @@
+"""The server's settings, grouped by concern, built once by the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from protocol import Keepalive, Limits
+
+from .errors import ConfigError
+
+__all__ = [
+    "IdentitySettings",
+    "ListenSettings",
+    "ServerSettings",
+    "TlsSettings",
+    "TunnelSettings",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ListenSettings:
+    """Where the one TLS port listens, and the URL agents and users reach it by."""
+
+    host: str = "0.0.0.0"  # noqa: S104 - a server listens on every interface by default
+    port: int = 8443
+    public_url: str = "https://localhost:8443"
+
+    @property
+    def public_host(self) -> str:
+        host = urlsplit(self.public_url).hostname
+        if not host:
+            raise ConfigError(f"public URL {self.public_url!r} has no host")
+        return host
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.public_url)
+        if parts.scheme != "https" or not parts.hostname:
+            raise ConfigError(f"public URL must be https://HOST[:PORT], not {self.public_url!r}")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port {self.port} is outside 0..65535")
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """A serving certificate of one's own; by default the server issues one."""
+
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    #: The CA bundle clients should pin when cert_file is not from our CA.
+    ca_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ConfigError("--tls-cert and --tls-key go together")
+
+
+@dataclass(frozen=True, slots=True)
+class IdentitySettings:
+    """Lifetimes of what the server issues."""
+
+    bootstrap_token_ttl: timedelta = timedelta(hours=24)
+    client_cert_lifetime: timedelta = timedelta(days=30)
+    server_cert_lifetime: timedelta = timedelta(days=365)
+
+
+@dataclass(frozen=True, slots=True)
+class TunnelSettings:
+    """Agent sockets: protocol limits, keepalive, admission and shutdown."""
+
+    limits: Limits = field(default_factory=Limits)
+    keepalive: Keepalive = field(default_factory=Keepalive)
+    #: How long open streams may finish at shutdown before the socket closes.
+    shutdown_grace: float = 30.0
+    #: How long a replaced agent's open streams may finish.
+    replace_grace: float = 10.0
+    #: Agent handshakes in progress at once; beyond it agents get 503 + Retry-After.
+    max_pending_handshakes: int = 256
+    #: The most seconds a refused agent is told to wait (it is told a random part).
+    max_retry_after: float = 10.0
+    #: How long an agent has from WebSocket upgrade to HELLO.
+    handshake_timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    state_dir: Path
+    listen: ListenSettings = field(default_factory=ListenSettings)
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    identity: IdentitySettings = field(default_factory=IdentitySettings)
+    tunnel: TunnelSettings = field(default_factory=TunnelSettings)
+    #: The agent image the install manifest names.
+    agent_image: str = "ghcr.io/example/tunnel-agent:0.1.0"

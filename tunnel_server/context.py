@@ -1,0 +1,32 @@
+"""What every request handler of the server shares, under one app key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from aiohttp import web
+
+from .config import ServerSettings
+from .registry import AgentRegistry
+from .statedir import ServerIdentity
+from .store.base import Store
+
+__all__ = ["CONTEXT", "ServerContext", "utcnow"]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(slots=True)
+class ServerContext:
+    settings: ServerSettings
+    identity: ServerIdentity
+    store: Store
+    registry: AgentRegistry
+    #: Serials of revoked client certificates, loaded at start, kept current.
+    revoked: set[int] = field(default_factory=set)
+
+
+CONTEXT: web.AppKey[ServerContext] = web.AppKey("context", ServerContext)

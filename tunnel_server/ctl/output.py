@@ -1,0 +1,38 @@
+"""How tunnelctl prints: aligned tables for people, JSON for programs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+__all__ = ["print_json", "print_table"]
+
+
+def print_json(data: Any, out: TextIO = sys.stdout) -> None:
+    json.dump(data, out, indent=2, sort_keys=False)
+    out.write("\n")
+
+
+def print_table(
+    rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]], out: TextIO = sys.stdout
+) -> None:
+    """``columns`` are (heading, key) pairs; missing values print as ``-``."""
+    cells = [[heading for heading, _ in columns]]
+    for row in rows:
+        cells.append([_cell(row.get(key)) for _, key in columns])
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    for line in cells:
+        out.write("  ".join(text.ljust(width) for text, width in zip(line, widths, strict=True)))
+        out.write("\n")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value) or "-"
+    return str(value)

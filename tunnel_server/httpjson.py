@@ -1,0 +1,50 @@
+"""JSON in and out of the REST API, bounded and validated."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+
+from .errors import BadRequestError, PayloadTooLargeError
+
+__all__ = ["MAX_JSON_BODY", "json_response", "read_json", "require_str", "timestamp"]
+
+#: The largest JSON body the API reads.
+MAX_JSON_BODY = 256 * 1024
+
+
+async def read_json(request: web.Request, limit: int = MAX_JSON_BODY) -> dict[str, Any]:
+    """The request's JSON object body, at most ``limit`` bytes, or 400/413."""
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLargeError(f"the request body is larger than {limit} bytes")
+    body = await request.content.read(limit + 1)
+    if len(body) > limit:
+        raise PayloadTooLargeError(f"the request body is larger than {limit} bytes")
+    try:
+        value = json.loads(body or b"{}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    return value
+
+
+def require_str(body: dict[str, Any], key: str, *, max_length: int) -> str:
+    """``body[key]`` as a non-empty string of at most ``max_length`` characters."""
+    value = body.get(key)
+    if not isinstance(value, str) or not value:
+        raise BadRequestError(f"field {key!r} must be a non-empty string")
+    if len(value) > max_length:
+        raise BadRequestError(f"field {key!r} is longer than {max_length} characters")
+    return value
+
+
+def timestamp(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def json_response(data: Any, *, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=lambda v: json.dumps(v, default=str))

@@ -1,0 +1,88 @@
+"""Which agent session serves which cluster, right now.
+
+One live session per cluster: a new connection from the same cluster takes
+over at once, and the one it replaces gets GOAWAY and a grace period for its
+open streams. The registry owns those retiring tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from protocol import ErrorCode
+from tunnel_mux import Session
+
+__all__ = ["AgentConnection", "AgentRegistry"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, eq=False)
+class AgentConnection:
+    """One connected agent: its session and what it said about itself."""
+
+    cluster: str
+    session: Session
+    serial: int
+    agent_version: str | None
+    remote_addr: str | None
+    connected_since: datetime
+
+
+class AgentRegistry:
+    """The live agent connection of each cluster."""
+
+    def __init__(self, replace_grace: float) -> None:
+        self._agents: dict[str, AgentConnection] = {}
+        self._replace_grace = replace_grace
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    def get(self, cluster: str) -> AgentConnection | None:
+        """The cluster's live connection, if its agent is connected."""
+        agent = self._agents.get(cluster)
+        if agent is not None and not agent.session.is_open:
+            return None
+        return agent
+
+    def connected(self) -> dict[str, AgentConnection]:
+        return {name: agent for name, agent in self._agents.items() if agent.session.is_open}
+
+    def attach(self, agent: AgentConnection) -> None:
+        """Make ``agent`` the cluster's connection; retire the one it replaces."""
+        old = self._agents.get(agent.cluster)
+        self._agents[agent.cluster] = agent
+        if old is not None and old is not agent:
+            logger.info(
+                "a new agent connection replaces the old one", extra={"cluster": agent.cluster}
+            )
+            self._retire(old, self._replace_grace)
+
+    def detach(self, agent: AgentConnection) -> None:
+        """Forget ``agent`` if it is still the cluster's connection."""
+        if self._agents.get(agent.cluster) is agent:
+            del self._agents[agent.cluster]
+
+    async def disconnect(self, cluster: str, reason: str) -> bool:
+        """Drop the cluster's connection now (revocation). True if there was one."""
+        agent = self._agents.pop(cluster, None)
+        if agent is None:
+            return False
+        await agent.session.close(ErrorCode.NO_ERROR, reason)
+        return True
+
+    async def close(self, grace: float) -> None:
+        """Shut every session down: GOAWAY, ``grace`` seconds for open streams, close."""
+        agents = list(self._agents.values())
+        self._agents.clear()
+        for agent in agents:
+            self._retire(agent, grace)
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+
+    def _retire(self, agent: AgentConnection, grace: float) -> None:
+        task = asyncio.create_task(agent.session.shutdown(grace), name=f"retire {agent.cluster}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
