@@ -5,4 +5,6 @@ streams and commands that come over it. It may import ``protocol`` and
 ``tunnel_pki``; it never imports ``tunnel_server``.
 """
 
-__all__: list[str] = []
+__all__ = ["__version__"]
+
+__version__ = "0.1.0"

@@ -1,16 +1,230 @@
-"""The `tunnel-agent` command."""
+"""The ``tunnel-agent`` command: ``tunnel-agent run``."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
 import sys
+from pathlib import Path
 
-__all__ = ["main"]
+from protocol import Keepalive
+from protocol.errors import TunnelError
+from tunnel_cli import configure_logging, env_flag, parse_duration
+from tunnel_pki.errors import PkiError
+from tunnel_pki.names import validate_cluster_name
+
+from . import __version__
+from .config import AgentSettings, ConnectSettings
+from .connector import Agent
+from .credentials import CredentialStore, DirectoryCredentialStore, SecretCredentialStore
+from .errors import AgentConfigError, AgentStoppedError
+from .health import start_health_server
+
+__all__ = ["build_parser", "main", "settings_from_args"]
+
+logger = logging.getLogger("tunnel_agent")
+
+_SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tunnel-agent", description="Reverse-tunnel agent: runs inside a private cluster."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="connect to the server and serve it")
+    env = "TUNNEL_AGENT_"
+    env_flag(run, "--server", env + "SERVER", help="server URL, https://HOST:PORT")
+    env_flag(run, "--ca", env + "CA", help="PEM file of the server CA bundle to pin")
+    env_flag(run, "--cluster", env + "CLUSTER", help="this cluster's name on the server")
+    env_flag(run, "--bootstrap-token", env + "BOOTSTRAP_TOKEN", help="one-time bootstrap token")
+    env_flag(
+        run,
+        "--bootstrap-token-file",
+        env + "BOOTSTRAP_TOKEN_FILE",
+        help="file holding the bootstrap token",
+    )
+    env_flag(
+        run,
+        "--credentials-secret",
+        env + "CREDENTIALS_SECRET",
+        help="NAMESPACE/NAME of the Secret keeping the key and certificate "
+        "(default in a cluster: <namespace>/tunnel-agent-credentials)",
+    )
+    env_flag(
+        run,
+        "--credentials-dir",
+        env + "CREDENTIALS_DIR",
+        help="directory keeping the key and certificate (outside a cluster)",
+    )
+    env_flag(
+        run,
+        "--kubeconfig",
+        env + "KUBECONFIG",
+        help="kubeconfig to reach the Kubernetes API (default: in-cluster)",
+    )
+    env_flag(
+        run,
+        "--health-listen",
+        env + "HEALTH_LISTEN",
+        default="127.0.0.1:8081",
+        help="HOST:PORT of /healthz and /readyz ('' to disable)",
+    )
+    env_flag(
+        run,
+        "--backoff-cap",
+        env + "BACKOFF_CAP",
+        default="5m",
+        help="longest wait between reconnection attempts",
+    )
+    env_flag(
+        run,
+        "--keepalive-interval",
+        env + "KEEPALIVE_INTERVAL",
+        default="15s",
+        help="ping the server after this much silence",
+    )
+    env_flag(
+        run,
+        "--keepalive-timeout",
+        env + "KEEPALIVE_TIMEOUT",
+        default="15s",
+        help="reconnect if a ping is not answered within this",
+    )
+    env_flag(
+        run,
+        "--log-format",
+        env + "LOG_FORMAT",
+        default="text",
+        choices=["text", "json"],
+        help="log format",
+    )
+    env_flag(run, "--log-level", env + "LOG_LEVEL", default="info", help="log level")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> AgentSettings:
+    if not args.server:
+        raise AgentConfigError("no server: give --server or TUNNEL_AGENT_SERVER")
+    if not args.ca:
+        raise AgentConfigError("no CA bundle to pin: give --ca or TUNNEL_AGENT_CA")
+    if not args.cluster:
+        raise AgentConfigError("no cluster name: give --cluster or TUNNEL_AGENT_CLUSTER")
+    try:
+        cluster = validate_cluster_name(args.cluster)
+    except PkiError as exc:
+        raise AgentConfigError(str(exc)) from exc
+    ca_pem = _read(args.ca, "the CA bundle")
+    token = args.bootstrap_token
+    if not token and args.bootstrap_token_file:
+        token = _read(args.bootstrap_token_file, "the bootstrap token").decode().strip() or None
+    secret = None
+    if args.credentials_secret:
+        namespace, _, name = str(args.credentials_secret).partition("/")
+        if not namespace or not name:
+            raise AgentConfigError("--credentials-secret must be NAMESPACE/NAME")
+        secret = (namespace, name)
+    credentials_dir = Path(args.credentials_dir) if args.credentials_dir else None
+    if secret is None and credentials_dir is None:
+        namespace_file = _SERVICE_ACCOUNT / "namespace"
+        if not namespace_file.exists():
+            raise AgentConfigError(
+                "outside a cluster, give --credentials-dir (or --credentials-secret)"
+            )
+        secret = (namespace_file.read_text().strip(), "tunnel-agent-credentials")
+    health = None
+    if args.health_listen:
+        host, _, port = str(args.health_listen).rpartition(":")
+        if not port.isdigit():
+            raise AgentConfigError("--health-listen must be HOST:PORT")
+        health = (host or "127.0.0.1", int(port))
+    return AgentSettings(
+        server_url=str(args.server).rstrip("/"),
+        ca_pem=ca_pem,
+        cluster=cluster,
+        bootstrap_token=token,
+        credentials_secret=secret,
+        credentials_dir=credentials_dir,
+        kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
+        health_listen=health,
+        connect=ConnectSettings(
+            backoff_cap=parse_duration(args.backoff_cap).total_seconds(),
+            keepalive=Keepalive(
+                interval=parse_duration(args.keepalive_interval).total_seconds(),
+                timeout=parse_duration(args.keepalive_timeout).total_seconds(),
+            ),
+        ),
+    )
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise AgentConfigError(f"cannot read {what} from {path}: {exc.strerror}") from exc
+
+
+async def _kube_api_client(kubeconfig: Path | None) -> object:
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    if kubeconfig is not None:
+        await config.load_kube_config(
+            config_file=str(kubeconfig), client_configuration=configuration
+        )
+    else:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    return client.ApiClient(configuration)
+
+
+async def run_agent(settings: AgentSettings) -> None:
+    """Run the agent with its health endpoint until stopped or a signal arrives."""
+    api_client: object | None = None
+    store: CredentialStore
+    if settings.credentials_dir is not None:
+        store = DirectoryCredentialStore(settings.credentials_dir)
+    else:
+        assert settings.credentials_secret is not None
+        api_client = await _kube_api_client(settings.kubeconfig)
+        store = SecretCredentialStore(api_client, *settings.credentials_secret)
+    agent = Agent(settings, store)
+    health = None
+    if settings.health_listen is not None:
+        health, port = await start_health_server(agent, *settings.health_listen)
+        logger.info("health endpoints on %s:%d", settings.health_listen[0], port)
+    task = asyncio.create_task(agent.run())
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, task.cancel)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        if health is not None:
+            await health.cleanup()
+        if api_client is not None:
+            await api_client.close()  # type: ignore[attr-defined]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `tunnel-agent`."""
-    print("tunnel-agent: not yet implemented", file=sys.stderr)
-    return 2
+    """Entry point of ``tunnel-agent``."""
+    args = build_parser().parse_args(argv)
+    try:
+        configure_logging(args.log_format, args.log_level)
+        asyncio.run(run_agent(settings_from_args(args)))
+    except AgentStoppedError as exc:
+        logger.error("stopping: %s", exc)
+        return 3
+    except TunnelError as exc:
+        print(f"tunnel-agent: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,189 @@
+"""Where the agent keeps its key and certificate: a Kubernetes Secret or a directory.
+
+The private key is generated in the agent and stays in its cluster: in the
+Secret (the default in a cluster) or in a mode-0600 file (outside one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from tunnel_pki.certs import load_certificate
+from tunnel_pki.errors import PkiError
+from tunnel_pki.files import write_private_file
+
+from .errors import CredentialsError
+
+__all__ = [
+    "CredentialStore",
+    "Credentials",
+    "DirectoryCredentialStore",
+    "SecretCredentialStore",
+]
+
+_KEY, _CERT, _CA, _CLUSTER = "tls.key", "tls.crt", "ca.crt", "cluster"
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """The agent's identity: its cluster, key, certificate and the issuing CA."""
+
+    cluster: str
+    key_pem: bytes
+    cert_pem: bytes
+    ca_pem: bytes
+
+    def __repr__(self) -> str:  # never show the key
+        return f"Credentials(cluster={self.cluster!r})"
+
+    @property
+    def not_before(self) -> datetime:
+        return load_certificate(self.cert_pem).not_valid_before_utc
+
+    @property
+    def not_after(self) -> datetime:
+        return load_certificate(self.cert_pem).not_valid_after_utc
+
+    @property
+    def serial(self) -> int:
+        return load_certificate(self.cert_pem).serial_number
+
+    def as_files(self) -> dict[str, bytes]:
+        return {
+            _KEY: self.key_pem,
+            _CERT: self.cert_pem,
+            _CA: self.ca_pem,
+            _CLUSTER: self.cluster.encode(),
+        }
+
+    @classmethod
+    def from_files(cls, files: dict[str, bytes], where: str) -> Credentials:
+        missing = [name for name in (_KEY, _CERT, _CA, _CLUSTER) if not files.get(name)]
+        if missing:
+            raise CredentialsError(
+                f"{where} lacks {', '.join(missing)}; delete it to bootstrap again"
+            )
+        credentials = cls(files[_CLUSTER].decode().strip(), files[_KEY], files[_CERT], files[_CA])
+        try:
+            load_certificate(credentials.cert_pem)
+        except PkiError as exc:
+            raise CredentialsError(f"{where} holds an unreadable certificate: {exc}") from exc
+        return credentials
+
+
+class CredentialStore(Protocol):
+    """Loads and saves the agent's credentials."""
+
+    @property
+    def description(self) -> str: ...
+
+    async def load(self) -> Credentials | None: ...
+
+    async def save(self, credentials: Credentials) -> None: ...
+
+
+class DirectoryCredentialStore:
+    """Credentials as files in a directory (outside a cluster); the key is mode 0600."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    @property
+    def description(self) -> str:
+        return f"directory {self.directory}"
+
+    async def load(self) -> Credentials | None:
+        return await asyncio.to_thread(self._load)
+
+    async def save(self, credentials: Credentials) -> None:
+        await asyncio.to_thread(self._save, credentials)
+
+    def _load(self) -> Credentials | None:
+        if not (self.directory / _CERT).exists():
+            return None
+        try:
+            files = {
+                name: (self.directory / name).read_bytes()
+                for name in (_KEY, _CERT, _CA, _CLUSTER)
+                if (self.directory / name).exists()
+            }
+        except OSError as exc:
+            raise CredentialsError(f"cannot read {self.description}: {exc.strerror}") from exc
+        return Credentials.from_files(files, self.description)
+
+    def _save(self, credentials: Credentials) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # The certificate last: a reader never finds a cert without its key.
+            for name in (_KEY, _CA, _CLUSTER, _CERT):
+                write_private_file(self.directory / name, credentials.as_files()[name])
+        except OSError as exc:
+            raise CredentialsError(f"cannot write {self.description}: {exc.strerror}") from exc
+
+
+class SecretCredentialStore:
+    """Credentials in a Kubernetes Secret of the agent's namespace (the default)."""
+
+    def __init__(self, api_client: Any, namespace: str, name: str) -> None:
+        self._api_client = api_client
+        self.namespace = namespace
+        self.name = name
+
+    @property
+    def description(self) -> str:
+        return f"secret {self.namespace}/{self.name}"
+
+    async def load(self) -> Credentials | None:
+        from kubernetes_asyncio import client
+
+        api = client.CoreV1Api(self._api_client)
+        try:
+            secret = await api.read_namespaced_secret(self.name, self.namespace)
+        except client.exceptions.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise CredentialsError(f"cannot read {self.description}: HTTP {exc.status}") from exc
+        except OSError as exc:
+            raise CredentialsError(f"cannot reach the Kubernetes API: {exc}") from exc
+        data = secret.data or {}
+        try:
+            files = {key: base64.b64decode(value) for key, value in data.items()}
+        except ValueError as exc:
+            raise CredentialsError(f"{self.description} holds invalid base64") from exc
+        return Credentials.from_files(files, self.description)
+
+    async def save(self, credentials: Credentials) -> None:
+        from kubernetes_asyncio import client
+
+        api = client.CoreV1Api(self._api_client)
+        body = client.V1Secret(
+            metadata=client.V1ObjectMeta(
+                name=self.name,
+                namespace=self.namespace,
+                labels={"app.kubernetes.io/name": "tunnel-agent"},
+            ),
+            type="Opaque",
+            data={
+                key: base64.b64encode(value).decode()
+                for key, value in credentials.as_files().items()
+            },
+        )
+        try:
+            try:
+                await api.replace_namespaced_secret(self.name, self.namespace, body)
+            except client.exceptions.ApiException as exc:
+                if exc.status != 404:
+                    raise
+                await api.create_namespaced_secret(self.namespace, body)
+        except client.exceptions.ApiException as exc:
+            raise CredentialsError(
+                f"cannot write {self.description}: HTTP {exc.status}; "
+                "the agent's Role must allow create, update on it"
+            ) from exc
+        except OSError as exc:
+            raise CredentialsError(f"cannot reach the Kubernetes API: {exc}") from exc

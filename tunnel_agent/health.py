@@ -1,0 +1,47 @@
+"""The agent's probe endpoints, on their own local port.
+
+``/healthz`` answers while the agent runs (liveness); ``/readyz`` answers 200
+only while the agent is connected to the server (readiness).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from .connector import Agent
+
+__all__ = ["start_health_server"]
+
+_AGENT: web.AppKey[Agent] = web.AppKey("agent", Agent)
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    agent = request.app[_AGENT]
+    if agent.connected.is_set():
+        return web.json_response({"status": "connected", "cluster": agent.settings.cluster})
+    return web.json_response(
+        {"status": "disconnected", "reason": agent.last_error or "connecting"}, status=503
+    )
+
+
+async def start_health_server(agent: Agent, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve the probes; return the runner (clean it up to stop) and the bound port."""
+    app = web.Application()
+    app[_AGENT] = agent
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server
+    bound = port
+    if isinstance(server, asyncio.Server) and server.sockets:
+        bound = server.sockets[0].getsockname()[1]
+    return runner, bound
