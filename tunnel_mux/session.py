@@ -89,7 +89,8 @@ class Session:
         self._wakeup = asyncio.Event()
         self._wakeup.set()  # the HELLO is already queued
         self._ready: asyncio.Future[HandshakeCompleted] = asyncio.get_running_loop().create_future()
-        self._closed = asyncio.Event()
+        self._closed = asyncio.Event()  # torn down: every task finished
+        self._ended = asyncio.Event()  # over: no stream can be used any more
         self._idle = asyncio.Event()
         self._idle.set()
         self._error: BaseException | None = None
@@ -101,8 +102,8 @@ class Session:
 
     @property
     def is_open(self) -> bool:
-        """Handshake done and not closed: streams may be opened."""
-        return self.handshake is not None and not self._closed.is_set()
+        """Handshake done and not ended: streams may be opened."""
+        return self.handshake is not None and not self._ended.is_set()
 
     @property
     def streams(self) -> int:
@@ -113,7 +114,8 @@ class Session:
         return await asyncio.shield(self._ready)
 
     async def wait_closed(self) -> None:
-        await self._closed.wait()
+        """Wait until the session has ended (its socket may still be closing)."""
+        await self._ended.wait()
 
     def open_stream(
         self, kind: str, headers: Mapping[str, Any] | None = None, *, end_stream: bool = False
@@ -123,7 +125,7 @@ class Session:
         Fails at once (never waits) when the session is closed, going away, or
         at the peer's stream limit: callers answer their own client promptly.
         """
-        if self._closed.is_set():
+        if self._ended.is_set():
             raise SessionClosedError(self.close_reason or "the session has ended")
         stream_id = self.connection.open_stream(kind, headers, end_stream=end_stream)
         stream = MuxStream(self, stream_id, kind, dict(headers or {}), local=True)
@@ -135,14 +137,14 @@ class Session:
 
     def send_message(self, kind: str, body: Mapping[str, Any]) -> None:
         """Send a connection-level control message."""
-        if self._closed.is_set():
+        if self._ended.is_set():
             raise SessionClosedError(self.close_reason or "the session has ended")
         self.connection.send_message(kind, body)
         self._kick()
 
     async def ping(self) -> float:
         """Round-trip time of one PING, in seconds."""
-        if self._closed.is_set():
+        if self._ended.is_set():
             raise SessionClosedError(self.close_reason or "the session has ended")
         opaque = self.connection.send_ping(self._clock())
         future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
@@ -155,7 +157,7 @@ class Session:
 
     async def shutdown(self, grace: float) -> None:
         """Graceful end: GOAWAY, let open streams finish for ``grace`` seconds, close."""
-        if not self._closed.is_set():
+        if not self._ended.is_set():
             self.connection.goaway(ErrorCode.NO_ERROR, "shutting down")
             self._kick()
             with contextlib.suppress(TimeoutError):
@@ -407,6 +409,7 @@ class Session:
             self._ready.set_exception(error)
             self._ready.exception()  # retrieved: nobody may be waiting
         self._idle.set()
+        self._ended.set()
 
     @staticmethod
     def _first_error(results: list[BaseException | None]) -> SessionError | None:

@@ -92,6 +92,7 @@ async def agent_socket(request: web.Request) -> web.StreamResponse:
     admission.pending += 1
     try:
         websocket = web.WebSocketResponse(
+            timeout=settings.close_timeout,
             max_msg_size=settings.limits.message_limit,
             compress=False,
             autoping=True,

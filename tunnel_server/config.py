@@ -82,6 +82,8 @@ class TunnelSettings:
     max_retry_after: float = 10.0
     #: How long an agent has from WebSocket upgrade to HELLO.
     handshake_timeout: float = 10.0
+    #: How long the WebSocket closing handshake may take (a dead peer never answers).
+    close_timeout: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,204 @@
+"""An agent's life against a real server on loopback: real TLS, real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from protocol import Keepalive
+from tunnel_agent.errors import AgentRejectedError, BootstrapRefusedError
+from tunnel_server.config import IdentitySettings
+
+from ..support import until
+from .harness import (
+    RunningServer,
+    agent_settings,
+    running_agent,
+    running_server,
+    server_settings,
+)
+
+
+async def test_fresh_agent_bootstraps_connects_and_is_listed(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    token = await server.add_cluster("prod-eu")
+    settings = agent_settings(server, "prod-eu", token, tmp_path / "creds")
+    async with running_agent(settings) as running:
+        await running.wait_connected()
+        assert running.agent.bootstraps == 1
+        status, clusters = await server.api("GET", "/api/v1/clusters")
+    assert status == 200
+    [entry] = clusters
+    assert entry["name"] == "prod-eu"
+    assert entry["connected"] is True
+    assert entry["agent_version"] == "0.1.0"
+    assert entry["remote_addr"] == "127.0.0.1"
+    assert entry["connected_since"] is not None
+    assert entry["last_seen"] is not None
+    key = tmp_path / "creds" / "tls.key"
+    assert key.stat().st_mode & 0o777 == 0o600
+
+
+async def test_restarted_agent_reuses_stored_credentials(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    token = await server.add_cluster("prod-eu")
+    settings = agent_settings(server, "prod-eu", token, tmp_path / "creds")
+    async with running_agent(settings) as first:
+        await first.wait_connected()
+    # The token is spent; a second bootstrap would be refused, so connecting
+    # again proves the stored key and certificate were used.
+    async with running_agent(settings) as second:
+        await second.wait_connected()
+        assert second.agent.bootstraps == 0
+        assert second.agent.credentials is not None
+        assert second.agent.credentials.serial == first.agent.credentials.serial  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("reused", "already used"),
+        ("wrong", "unknown"),
+        ("other-cluster", "another cluster"),
+    ],
+)
+async def test_bad_bootstrap_token_is_refused_with_its_reason(
+    server: RunningServer, tmp_path: Path, case: str, reason: str
+) -> None:
+    token = await server.add_cluster("prod-eu")
+    other = await server.add_cluster("staging")
+    if case == "reused":
+        async with running_agent(agent_settings(server, "prod-eu", token, tmp_path / "a")) as a:
+            await a.wait_connected()
+    elif case == "wrong":
+        token = "tbt_" + "x" * 43
+    else:
+        token = other
+    settings = agent_settings(server, "prod-eu", token, tmp_path / "b")
+    async with running_agent(settings) as running:
+        with pytest.raises(BootstrapRefusedError, match=reason):
+            await running.task
+
+
+async def test_expired_bootstrap_token_is_refused(tmp_path: Path) -> None:
+    settings = server_settings(
+        tmp_path / "state", identity=IdentitySettings(bootstrap_token_ttl=timedelta(0))
+    )
+    async with running_server(settings) as server:
+        token = await server.add_cluster("prod-eu")
+        agent = agent_settings(server, "prod-eu", token, tmp_path / "creds")
+        async with running_agent(agent) as running:
+            with pytest.raises(BootstrapRefusedError, match="expired"):
+                await running.task
+
+
+async def test_revoked_cluster_is_disconnected_at_once_and_agent_stops(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    token = await server.add_cluster("prod-eu")
+    async with running_agent(agent_settings(server, "prod-eu", token, tmp_path / "c")) as running:
+        await running.wait_connected()
+        status, answer = await server.api("POST", "/api/v1/clusters/prod-eu/revoke")
+        assert status == 200
+        assert answer == {"revoked_certificates": 1, "disconnected": True}
+        assert server.context.registry.get("prod-eu") is None
+        with pytest.raises(AgentRejectedError, match="revoked"):
+            await running.task
+    assert (await server.cluster("prod-eu"))["connected"] is False
+
+
+async def test_second_agent_of_a_cluster_replaces_the_first(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    token = await server.add_cluster("prod-eu")
+    settings = agent_settings(server, "prod-eu", token, tmp_path / "creds")
+    async with running_agent(settings) as first:
+        await first.wait_connected()
+        first_session = first.agent.session
+        assert first_session is not None
+        async with running_agent(dataclasses.replace(settings, bootstrap_token=None)) as second:
+            await second.wait_connected()
+            # The old session was told to go away and ended.
+            await first_session.wait_closed()
+            assert first_session.connection.going_away
+            current = server.context.registry.get("prod-eu")
+            assert current is not None
+            assert current.session is not first_session
+
+
+async def test_agent_reconnects_after_server_restart(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    async with running_server(server_settings(state)) as server:
+        port = server.port
+        token = await server.add_cluster("prod-eu")
+        settings = agent_settings(server, "prod-eu", token, tmp_path / "creds")
+        async with running_agent(settings) as running:
+            await running.wait_connected()
+            await server.stop()
+            await until(lambda: not running.agent.connected.is_set())
+            failures_before = running.agent.backoff.attempt
+            # The agent keeps trying with growing delays while the server is away.
+            await until(lambda: running.agent.backoff.attempt >= failures_before + 3)
+            async with running_server(server_settings(state, port=port)) as restarted:
+                await running.wait_connected()
+                assert running.agent.connections == 2
+                assert running.agent.bootstraps == 1
+                assert (await restarted.cluster("prod-eu"))["connected"] is True
+
+
+async def test_certificate_is_renewed_over_the_live_socket(tmp_path: Path) -> None:
+    # Certificates are back-dated five minutes for clock skew; a lifetime of
+    # five minutes and two seconds puts half-life one second after issue.
+    lifetime = timedelta(minutes=5, seconds=2)
+    settings = server_settings(
+        tmp_path / "state", identity=IdentitySettings(client_cert_lifetime=lifetime)
+    )
+    async with running_server(settings) as server:
+        token = await server.add_cluster("prod-eu")
+        agent = agent_settings(server, "prod-eu", token, tmp_path / "creds")
+        async with running_agent(agent) as running:
+            await running.wait_connected()
+            first = running.agent.credentials
+            assert first is not None
+            await until(lambda: running.agent.renewals >= 1, max_turns=10**7)
+            current = running.agent.credentials
+            assert current is not None
+            assert current.serial != first.serial
+            assert current.not_after > first.not_after
+            # Same connection throughout, and the new certificate is stored.
+            assert running.agent.connections == 1
+            stored = (tmp_path / "creds" / "tls.crt").read_bytes()
+            assert stored == current.cert_pem
+
+
+async def test_server_notices_a_silent_agent_within_the_keepalive_deadline(
+    tmp_path: Path,
+) -> None:
+    keepalive = Keepalive(interval=0.2, timeout=0.3)
+    settings = server_settings(tmp_path / "state")
+    settings = dataclasses.replace(
+        settings, tunnel=dataclasses.replace(settings.tunnel, keepalive=keepalive)
+    )
+    async with running_server(settings) as server:
+        token = await server.add_cluster("prod-eu")
+        agent = agent_settings(server, "prod-eu", token, tmp_path / "creds")
+        async with running_agent(agent) as running:
+            await running.wait_connected()
+            session = server.context.registry.get("prod-eu")
+            assert session is not None
+            # Freeze the agent: its reader stops, so it answers no PING.
+            loop = asyncio.get_running_loop()
+            for task in asyncio.all_tasks():
+                if task.get_name() == "cluster=prod-eu reader":
+                    task.cancel()
+            started = loop.time()
+            await session.session.wait_closed()
+            elapsed = loop.time() - started
+            assert "PING" in (session.session.close_reason or "")
+            assert elapsed < keepalive.interval + keepalive.timeout + 1.0
