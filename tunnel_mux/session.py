@@ -209,6 +209,8 @@ class Session:
             except TransportClosed:
                 self._end(SessionClosedError("the connection to the peer was lost"))
                 return
+            if self.connection.closed:  # type: ignore[unreachable, unused-ignore]
+                return  # closed by this side while the message was on its way
             try:
                 events = connection.receive_data(message, self._clock())
             except RemoteProtocolError as exc:

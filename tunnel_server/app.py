@@ -11,12 +11,16 @@ from aiohttp import web
 
 from tunnel_pki.tls import server_context
 
+from .access import AccessCache
 from .agentsocket import setup_agent_socket
 from .api import setup_api
+from .api_users import setup_user_api
+from .audit import AuditWriter
 from .bootstrap import BOOTSTRAP_PATH, bootstrap
 from .config import ServerSettings
 from .context import CONTEXT, ServerContext, utcnow
 from .errors import ApiError, ConflictError, NotFoundApiError, UnavailableError
+from .kubeproxy import setup_kube_proxy
 from .registry import AgentRegistry
 from .statedir import ServerIdentity, ensure_admin, prepare_state_dir
 from .store.base import AlreadyExistsError, NotFoundError, StoreError
@@ -38,6 +42,8 @@ def create_app(settings: ServerSettings, identity: ServerIdentity) -> web.Applic
     app.router.add_post(BOOTSTRAP_PATH, bootstrap)
     setup_agent_socket(app)
     setup_api(app)
+    setup_user_api(app)
+    setup_kube_proxy(app)
     app.on_shutdown.append(_shutdown)
     return app
 
@@ -49,16 +55,20 @@ def _lifecycle(
         store = await SqliteStore.open(settings.state_dir / "state.db")
         try:
             await ensure_admin(store, settings.state_dir, utcnow())
+            audit = AuditWriter(store)
             context = ServerContext(
                 settings=settings,
                 identity=identity,
                 store=store,
                 registry=AgentRegistry(settings.tunnel.replace_grace),
+                access=AccessCache(store),
+                audit=audit,
                 revoked=await store.revoked_serials(),
             )
             app[CONTEXT] = context
-            yield
-            await context.registry.close(grace=0)
+            async for _ in audit.run():
+                yield
+                await context.registry.close(grace=0)
         finally:
             await store.close()
 

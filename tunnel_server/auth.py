@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .context import CONTEXT, utcnow
+from .context import CONTEXT
 from .errors import ForbiddenError, UnauthorizedError
-from .store.base import User, hash_token
+from .store.base import User
 
 __all__ = ["MAX_TOKEN_LENGTH", "authenticate", "bearer_token", "require_admin"]
 
@@ -32,7 +32,7 @@ def bearer_token(request: web.Request) -> str:
 async def authenticate(request: web.Request) -> User:
     """The user whose API token the request carries, or 401."""
     token = bearer_token(request)
-    user = await request.app[CONTEXT].store.find_user_by_token(hash_token(token), utcnow())
+    user = await request.app[CONTEXT].access.user_for_token(token)
     if user is None:
         raise UnauthorizedError("the API token is not valid", code="token_invalid")
     return user

@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
+from .access import AccessCache
+from .audit import AuditWriter
 from .config import ServerSettings
 from .registry import AgentRegistry
 from .statedir import ServerIdentity
@@ -25,6 +27,8 @@ class ServerContext:
     identity: ServerIdentity
     store: Store
     registry: AgentRegistry
+    access: AccessCache
+    audit: AuditWriter
     #: Serials of revoked client certificates, loaded at start, kept current.
     revoked: set[int] = field(default_factory=set)
 

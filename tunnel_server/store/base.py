@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
@@ -462,6 +463,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def add_audit(self, event: AuditEvent) -> AuditEvent:
         """Append an event (its ``id`` is ignored); return it with the id assigned."""
+
+    @abc.abstractmethod
+    async def add_audit_events(self, events: Sequence[AuditEvent]) -> int:
+        """Record many audit events in one transaction; return how many."""
 
     @abc.abstractmethod
     async def list_audit(

@@ -16,7 +16,7 @@ import logging
 import os
 import sqlite3
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Concatenate, ParamSpec, TypeVar
@@ -236,6 +236,9 @@ class SqliteStore(Store):
 
     async def add_audit(self, event: AuditEvent) -> AuditEvent:
         return await self._run(ops.add_audit, event)
+
+    async def add_audit_events(self, events: Sequence[AuditEvent]) -> int:
+        return await self._run(ops.add_audit_events, list(events))
 
     async def list_audit(
         self,

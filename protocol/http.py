@@ -1,0 +1,190 @@
+"""HTTP over a stream of kind ``http`` (docs/protocol.md, "HTTP streams").
+
+The server opens the stream with the request head in the OPEN headers::
+
+    {"method": "GET", "path": "/api/v1/pods?watch=1",
+     "headers": [["accept", "application/json"], ...], "upgrade": false}
+
+and then sends the request body as the stream's data (END when it is done).
+The agent answers with a response head at the start of its data: a 4-byte
+big-endian length, then a msgpack map ``{"status", "reason", "headers"}``; the
+response body follows. After a 101 answer to an upgrade, the data in both
+directions is the upgraded connection's bytes, unchanged.
+
+Sans-I/O like the rest of the package: :class:`ResponseHeadParser` takes the
+stream's bytes as they come and says when the head is complete.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .errors import MalformedFrameError
+
+__all__ = [
+    "MAX_HEADERS",
+    "MAX_PATH_LENGTH",
+    "MAX_RESPONSE_HEAD",
+    "RequestHead",
+    "ResponseHead",
+    "ResponseHeadParser",
+    "encode_response_head",
+]
+
+#: Bounds of a relayed request or response head.
+MAX_PATH_LENGTH = 8 * 1024
+MAX_HEADERS = 128
+MAX_HEADER_VALUE = 16 * 1024
+MAX_RESPONSE_HEAD = 64 * 1024
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_LENGTH = struct.Struct(">I")
+
+Headers = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    """A relayed request: method, path with query, headers (names lower-case)."""
+
+    method: str
+    path: str
+    headers: Headers
+    upgrade: bool = False
+
+    def to_open_headers(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "path": self.path,
+            "headers": [list(pair) for pair in self.headers],
+            "upgrade": self.upgrade,
+        }
+
+    @classmethod
+    def from_open_headers(cls, value: dict[str, Any]) -> RequestHead:
+        """Validate the OPEN header map of an ``http`` stream."""
+        method = value.get("method")
+        if method not in _METHODS:
+            raise MalformedFrameError(f"unsupported HTTP method {str(method)[:16]!r}")
+        path = value.get("path")
+        if (
+            not isinstance(path, str)
+            or not path.startswith("/")
+            or path.startswith("//")
+            or len(path) > MAX_PATH_LENGTH
+            or not path.isprintable()
+            or " " in path
+        ):
+            raise MalformedFrameError("the request path must be an absolute path")
+        upgrade = value.get("upgrade", False)
+        if not isinstance(upgrade, bool):
+            raise MalformedFrameError("upgrade must be a boolean")
+        return cls(method, path, _headers(value.get("headers")), upgrade)
+
+    def header(self, name: str) -> str | None:
+        """The first value of a header (name in lower case)."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    status: int
+    reason: str
+    headers: Headers
+
+    def header(self, name: str) -> str | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+
+def encode_response_head(status: int, reason: str, headers: Iterable[tuple[str, str]]) -> bytes:
+    """The bytes that start the agent's answer on an ``http`` stream."""
+    body: bytes = msgpack.packb(
+        {"status": status, "reason": reason[:128], "headers": [list(pair) for pair in headers]}
+    )
+    if len(body) > MAX_RESPONSE_HEAD:
+        raise ValueError(f"response head of {len(body)} bytes exceeds {MAX_RESPONSE_HEAD}")
+    return _LENGTH.pack(len(body)) + body
+
+
+class ResponseHeadParser:
+    """Finds the response head at the start of an ``http`` stream's data."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self.head: ResponseHead | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        """Take stream bytes; once the head is complete, return the body bytes after it.
+
+        Returns b"" while the head is incomplete. Raises
+        :class:`MalformedFrameError` for an invalid or oversized head.
+        """
+        if self.head is not None:
+            return data
+        self._buffer += data
+        if len(self._buffer) < _LENGTH.size:
+            return b""
+        (length,) = _LENGTH.unpack_from(self._buffer)
+        if length > MAX_RESPONSE_HEAD:
+            raise MalformedFrameError(f"response head of {length} bytes is too large")
+        end = _LENGTH.size + length
+        if len(self._buffer) < end:
+            return b""
+        try:
+            value = msgpack.unpackb(bytes(self._buffer[_LENGTH.size : end]), raw=False)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise MalformedFrameError("the response head is not valid msgpack") from exc
+        if not isinstance(value, dict):
+            raise MalformedFrameError("the response head must be a map")
+        status = value.get("status")
+        reason = value.get("reason", "")
+        if type(status) is not int or not 100 <= status <= 599 or not isinstance(reason, str):
+            raise MalformedFrameError("the response head needs a status 100..599")
+        self.head = ResponseHead(status, reason[:128], _headers(value.get("headers")))
+        rest = bytes(self._buffer[end:])
+        self._buffer = bytearray()
+        return rest
+
+
+def _headers(value: Any) -> Headers:
+    if not isinstance(value, Sequence) or isinstance(value, str | bytes):
+        raise MalformedFrameError("headers must be a list of [name, value] pairs")
+    if len(value) > MAX_HEADERS:
+        raise MalformedFrameError(f"more than {MAX_HEADERS} headers")
+    pairs = []
+    for pair in value:
+        if (
+            not isinstance(pair, Sequence)
+            or len(pair) != 2
+            or not isinstance(pair[0], str)
+            or not isinstance(pair[1], str)
+            or not pair[0]
+            or len(pair[1]) > MAX_HEADER_VALUE
+            or not _is_token(pair[0])
+            or "\r" in pair[1]
+            or "\n" in pair[1]
+            or "\0" in pair[1]
+        ):
+            raise MalformedFrameError("a header must be a [name, value] pair of safe strings")
+        pairs.append((pair[0].lower(), pair[1]))
+    return tuple(pairs)
+
+
+_TOKEN_CHARS = frozenset(
+    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
+
+
+def _is_token(name: str) -> bool:
+    return len(name) <= 256 and all(char in _TOKEN_CHARS for char in name)

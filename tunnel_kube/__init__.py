@@ -1,0 +1,10 @@
+"""Kubernetes API request semantics shared by the agent and the server.
+
+What a request path and method mean to the API server (verb, resource,
+namespace, subresource), as its RequestInfo does; used by the agent's policy
+and the server's audit. Standard library only.
+"""
+
+from .requests import ApiRequest, parse_api_request
+
+__all__ = ["ApiRequest", "parse_api_request"]

@@ -1,0 +1,93 @@
+"""Read a Kubernetes API request the way the API server's RequestInfo does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import parse_qs, unquote, urlsplit
+
+__all__ = ["CONNECT_SUBRESOURCES", "ApiRequest", "parse_api_request"]
+
+#: Subresources that open an interactive connection into a pod or node.
+CONNECT_SUBRESOURCES = frozenset({"exec", "attach", "portforward", "proxy"})
+
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiRequest:
+    """What a request does, in Kubernetes terms.
+
+    ``verb`` is the API verb for resource requests (get, list, watch, create,
+    update, patch, delete, deletecollection) and the lower-case method for
+    others (discovery, /version, /openapi).
+    """
+
+    verb: str
+    is_resource: bool
+    path: str
+    api_group: str = ""
+    api_version: str = ""
+    namespace: str = ""
+    resource: str = ""
+    subresource: str = ""
+    name: str = ""
+
+    @property
+    def is_connect(self) -> bool:
+        """exec, attach, port-forward or proxy: a connection into the cluster."""
+        return self.subresource in CONNECT_SUBRESOURCES
+
+    @property
+    def is_read(self) -> bool:
+        """Reads state and changes nothing."""
+        if not self.is_resource:
+            return self.verb in ("get", "head", "options")
+        return self.verb in ("get", "list", "watch") and not self.is_connect
+
+
+def parse_api_request(method: str, target: str) -> ApiRequest:
+    """Classify ``method`` on ``target`` (a path with an optional query)."""
+    split = urlsplit(target)
+    path = split.path
+    parts = [unquote(part) for part in path.strip("/").split("/")] if path.strip("/") else []
+    lower = method.lower()
+    if len(parts) >= 2 and parts[0] == "api":
+        group, version, rest = "", parts[1], parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return ApiRequest(verb=lower, is_resource=False, path=path)
+    if not rest:
+        return ApiRequest(verb=lower, is_resource=False, path=path)
+    watch_prefix = rest[0] == "watch"
+    if watch_prefix:
+        rest = rest[1:]
+    namespace = ""
+    if len(rest) >= 2 and rest[0] == "namespaces":
+        # /namespaces/NS/RESOURCE/... is namespaced; /namespaces/NS alone is
+        # the namespace object, whose namespace is itself.
+        namespace = rest[1]
+        if len(rest) >= 3:
+            rest = rest[2:]
+    resource = rest[0]
+    name = rest[1] if len(rest) >= 2 else ""
+    subresource = rest[2] if len(rest) >= 3 else ""
+    query = parse_qs(split.query)
+    watching = watch_prefix or query.get("watch", [""])[0].lower() in ("1", "true")
+    if method == "GET" or method == "HEAD":
+        verb = "watch" if watching else ("get" if name else "list")
+    elif method == "DELETE":
+        verb = "delete" if name else "deletecollection"
+    else:
+        verb = _VERBS.get(method, lower)
+    return ApiRequest(
+        verb=verb,
+        is_resource=True,
+        path=path,
+        api_group=group,
+        api_version=version,
+        namespace=namespace,
+        resource=resource,
+        subresource=subresource,
+        name=name,
+    )

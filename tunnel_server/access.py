@@ -1,0 +1,67 @@
+"""Short-lived caches of who a token is and what a user may do on a cluster.
+
+Each kubectl request needs both; the store answers in a worker thread, and a
+burst of requests should not queue behind it. Entries live ``ttl`` seconds;
+changes made through this server's API clear the cache at once, so only
+changes made elsewhere (another replica) take up to ``ttl`` to apply.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
+
+from .store.base import Grant, NotFoundError, Store, User, hash_token
+
+__all__ = ["AccessCache"]
+
+V = TypeVar("V")
+
+
+class _TtlCache(Generic[V]):
+    def __init__(self, ttl: float, max_entries: int) -> None:
+        self._ttl = ttl
+        self._max = max_entries
+        self._entries: dict[Hashable, tuple[float, V]] = {}
+
+    async def get(self, key: Hashable, load: Callable[[], Awaitable[V]]) -> V:
+        now = time.monotonic()
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] > now:
+            return entry[1]
+        value = await load()
+        if len(self._entries) >= self._max:
+            del self._entries[next(iter(self._entries))]
+        self._entries[key] = (now + self._ttl, value)
+        return value
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+class AccessCache:
+    """Cached token -> user and (user, cluster) -> grant lookups."""
+
+    def __init__(self, store: Store, ttl: float = 5.0, max_entries: int = 10_000) -> None:
+        self._store = store
+        self._users: _TtlCache[User | None] = _TtlCache(ttl, max_entries)
+        self._grants: _TtlCache[Grant | None] = _TtlCache(ttl, max_entries)
+
+    async def user_for_token(self, token: str) -> User | None:
+        token_hash = hash_token(token)
+        return await self._users.get(token_hash, lambda: self._store.find_user_by_token(token_hash))
+
+    async def grant(self, user: str, cluster: str) -> Grant | None:
+        async def load() -> Grant | None:
+            try:
+                return await self._store.get_grant(user, cluster)
+            except NotFoundError:
+                return None
+
+        return await self._grants.get((user, cluster), load)
+
+    def invalidate(self) -> None:
+        """Forget everything: users, tokens or grants changed."""
+        self._users.clear()
+        self._grants.clear()

@@ -1,0 +1,265 @@
+"""The REST API for users, grants, kubeconfigs and the audit trail, under /api/v1."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import re
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from .auth import authenticate, require_admin
+from .context import CONTEXT, ServerContext, utcnow
+from .errors import BadRequestError, ForbiddenError
+from .httpjson import json_response, read_json, require_str, timestamp
+from .kubeproxy import IDENTITY_PREFIX
+from .statedir import new_token
+from .store.base import AuditEvent, Grant, User, hash_token
+
+__all__ = ["setup_user_api", "validate_principal"]
+
+logger = logging.getLogger(__name__)
+
+_PRINCIPAL = re.compile(r"^[a-z0-9]([a-z0-9._@-]{0,62}[a-z0-9])?$")
+_MAX_GROUPS = 32
+
+
+def validate_principal(name: str, what: str) -> str:
+    """A user or group name: lower-case, 1..64 of a-z 0-9 . _ @ -, no ``system:``."""
+    if not _PRINCIPAL.match(name):
+        raise BadRequestError(
+            f"{what} {name[:64]!r} must be 1-64 characters of a-z, 0-9, '.', '_', '@', '-', "
+            "starting and ending with a letter or digit"
+        )
+    return name
+
+
+def setup_user_api(app: web.Application) -> None:
+    router = app.router
+    router.add_get("/api/v1/users", list_users)
+    router.add_post("/api/v1/users", add_user)
+    router.add_delete("/api/v1/users/{user}", delete_user)
+    router.add_post("/api/v1/users/{user}/tokens", new_user_token)
+    router.add_post("/api/v1/users/{user}/kubeconfig", new_kubeconfig)
+    router.add_get("/api/v1/grants", list_grants)
+    router.add_put("/api/v1/grants/{user}/{cluster}", set_grant)
+    router.add_delete("/api/v1/grants/{user}/{cluster}", delete_grant)
+    router.add_get("/api/v1/audit", list_audit)
+
+
+async def list_users(request: web.Request) -> web.Response:
+    await require_admin(request)
+    users = await request.app[CONTEXT].store.list_users()
+    return json_response([_user_view(user) for user in users])
+
+
+async def add_user(request: web.Request) -> web.Response:
+    admin = await require_admin(request)
+    context = request.app[CONTEXT]
+    body = await read_json(request)
+    name = validate_principal(require_str(body, "name", max_length=64), "user name")
+    groups = _groups(body.get("groups", []))
+    is_admin = body.get("admin", False)
+    if not isinstance(is_admin, bool):
+        raise BadRequestError("admin must be true or false")
+    now = utcnow()
+    user = await context.store.add_user(name, groups, is_admin, now)
+    token = await _issue_token(context, name)
+    await _audit(context, admin.name, "user.add", name)
+    return json_response({"user": _user_view(user), "token": token}, status=201)
+
+
+async def delete_user(request: web.Request) -> web.Response:
+    admin = await require_admin(request)
+    context = request.app[CONTEXT]
+    name = request.match_info["user"]
+    await context.store.delete_user(name)
+    context.access.invalidate()
+    await _audit(context, admin.name, "user.delete", name)
+    return json_response({"deleted": name})
+
+
+async def new_user_token(request: web.Request) -> web.Response:
+    admin = await require_admin(request)
+    context = request.app[CONTEXT]
+    name = request.match_info["user"]
+    await context.store.get_user(name)
+    token = await _issue_token(context, name)
+    await _audit(context, admin.name, "user.token", name)
+    return json_response({"user": name, "token": token}, status=201)
+
+
+async def new_kubeconfig(request: web.Request) -> web.Response:
+    """A kubeconfig for a cluster, carrying a new API token of the user."""
+    caller = await authenticate(request)
+    context = request.app[CONTEXT]
+    name = request.match_info["user"]
+    if name != caller.name and not caller.is_admin:
+        raise ForbiddenError("only an admin can make a kubeconfig for another user")
+    cluster = request.query.get("cluster", "")
+    await context.store.get_cluster(cluster)
+    user = await context.store.get_user(name)
+    grant = await context.access.grant(user.name, cluster)
+    token = await _issue_token(context, user.name)
+    await _audit(context, caller.name, "kubeconfig", f"{name}@{cluster}")
+    return json_response(
+        {
+            "kubeconfig": render_kubeconfig(context, cluster, user.name, token),
+            "granted": grant is not None,
+        },
+        status=201,
+    )
+
+
+async def list_grants(request: web.Request) -> web.Response:
+    await require_admin(request)
+    store = request.app[CONTEXT].store
+    grants = await store.list_grants(
+        user=request.query.get("user") or None, cluster=request.query.get("cluster") or None
+    )
+    return json_response([_grant_view(grant) for grant in grants])
+
+
+async def set_grant(request: web.Request) -> web.Response:
+    admin = await require_admin(request)
+    context = request.app[CONTEXT]
+    user, cluster = request.match_info["user"], request.match_info["cluster"]
+    body = await read_json(request)
+    await context.store.get_user(user)
+    await context.store.get_cluster(cluster)
+    flags = {key: body.get(key, False) for key in ("commands", "impersonate")}
+    if not all(isinstance(value, bool) for value in flags.values()):
+        raise BadRequestError("commands and impersonate must be true or false")
+    grant = Grant(
+        user=user,
+        cluster=cluster,
+        as_groups=_groups(body.get("as_groups", [])),
+        commands=flags["commands"],
+        impersonate=flags["impersonate"],
+    )
+    await context.store.set_grant(grant)
+    context.access.invalidate()
+    await _audit(context, admin.name, "grant", f"{user}@{cluster}", cluster=cluster)
+    return json_response(_grant_view(grant))
+
+
+async def delete_grant(request: web.Request) -> web.Response:
+    admin = await require_admin(request)
+    context = request.app[CONTEXT]
+    user, cluster = request.match_info["user"], request.match_info["cluster"]
+    await context.store.delete_grant(user, cluster)
+    context.access.invalidate()
+    await _audit(context, admin.name, "ungrant", f"{user}@{cluster}", cluster=cluster)
+    return json_response({"deleted": {"user": user, "cluster": cluster}})
+
+
+async def list_audit(request: web.Request) -> web.Response:
+    await require_admin(request)
+    query = request.query
+    try:
+        limit = int(query.get("limit", "100"))
+    except ValueError as exc:
+        raise BadRequestError("limit must be a number") from exc
+    kind = query.get("kind") or None
+    if kind not in (None, "proxy", "command", "admin"):
+        raise BadRequestError("kind must be proxy, command or admin")
+    await request.app[CONTEXT].audit.flush()
+    events = await request.app[CONTEXT].store.list_audit(
+        cluster=query.get("cluster") or None,
+        user=query.get("user") or None,
+        kind=kind,  # type: ignore[arg-type]
+        limit=max(1, min(limit, 1000)),
+    )
+    return json_response([_audit_view(event) for event in events])
+
+
+def render_kubeconfig(context: ServerContext, cluster: str, user: str, token: str) -> str:
+    """A kubeconfig pointing kubectl at the cluster through this server."""
+    server = f"{context.settings.listen.public_url.rstrip('/')}/k8s/clusters/{cluster}"
+    name = f"tunnel-{cluster}"
+    config: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": name,
+                "cluster": {
+                    "server": server,
+                    "certificate-authority-data": base64.b64encode(
+                        context.identity.ca_bundle_pem
+                    ).decode(),
+                },
+            }
+        ],
+        "users": [{"name": f"{name}-{user}", "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": f"{name}-{user}"}}],
+        "current-context": name,
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+async def _issue_token(context: ServerContext, user: str) -> str:
+    token = new_token("tat")
+    await context.store.add_api_token(hash_token(token), user, utcnow())
+    context.access.invalidate()
+    return token
+
+
+async def _audit(
+    context: ServerContext, user: str, verb: str, target: str, cluster: str | None = None
+) -> None:
+    await context.audit.record(
+        AuditEvent(
+            id=None,
+            time=utcnow(),
+            user=user,
+            cluster=cluster,
+            kind="admin",
+            verb=verb,
+            path=target,
+        )
+    )
+
+
+def _groups(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > _MAX_GROUPS:
+        raise BadRequestError(f"groups must be a list of at most {_MAX_GROUPS} names")
+    return tuple(validate_principal(str(group), "group") for group in value)
+
+
+def _user_view(user: User) -> dict[str, Any]:
+    return {
+        "name": user.name,
+        "groups": list(user.groups),
+        "admin": user.is_admin,
+        "identity": IDENTITY_PREFIX + user.name,
+        "created_at": timestamp(user.created_at),
+    }
+
+
+def _grant_view(grant: Grant) -> dict[str, Any]:
+    return {
+        "user": grant.user,
+        "cluster": grant.cluster,
+        "as_groups": list(grant.as_groups),
+        "commands": grant.commands,
+        "impersonate": grant.impersonate,
+    }
+
+
+def _audit_view(event: AuditEvent) -> dict[str, Any]:
+    return {
+        "id": event.id,
+        "time": timestamp(event.time),
+        "user": event.user,
+        "cluster": event.cluster,
+        "kind": event.kind,
+        "verb": event.verb,
+        "path": event.path,
+        "status": event.status,
+        "bytes_in": event.bytes_in,
+        "bytes_out": event.bytes_out,
+        "duration_ms": event.duration_ms,
+    }

@@ -1,0 +1,60 @@
+"""The audit trail's writer: events queue in memory and land in batches.
+
+One proxied request, one event; writing each in its own transaction would
+make the disk the proxy's speed limit. The queue is bounded: when it is full,
+requests wait for room rather than lose their events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from .store.base import AuditEvent, Store, StoreError
+
+__all__ = ["AuditWriter"]
+
+logger = logging.getLogger(__name__)
+
+
+class AuditWriter:
+    """Batches audit events into the store; owns its one writer task."""
+
+    def __init__(self, store: Store, *, max_queue: int = 10_000, max_batch: int = 500) -> None:
+        self._store = store
+        self._queue: asyncio.Queue[AuditEvent] = asyncio.Queue(max_queue)
+        self._max_batch = max_batch
+        self._task: asyncio.Task[None] | None = None
+        self.written = 0
+
+    async def record(self, event: AuditEvent) -> None:
+        """Queue an event (waits only when the queue is full)."""
+        await self._queue.put(event)
+
+    async def flush(self) -> None:
+        """Wait until every queued event is written."""
+        await self._queue.join()
+
+    async def run(self) -> AsyncIterator[None]:
+        """An aiohttp cleanup context: write while the app runs, flush at the end."""
+        self._task = asyncio.create_task(self._write_forever(), name="audit writer")
+        try:
+            yield
+        finally:
+            await self.flush()
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _write_forever(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                self.written += await self._store.add_audit_events(batch)
+            except StoreError as exc:
+                logger.error("lost %d audit events: %s", len(batch), exc)
+            finally:
+                for _ in batch:
+                    self._queue.task_done()

@@ -1,0 +1,194 @@
+"""tunnelctl user ..., grant, ungrant, grants, kubeconfig, audit."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from urllib.parse import urlencode
+
+from .client import ApiClient, segment
+from .common import Subparsers, output_flag
+from .output import print_json, print_table
+
+__all__ = ["register"]
+
+
+def register(commands: Subparsers) -> None:
+    user = commands.add_parser("user", help="manage users and their API tokens")
+    user_commands = user.add_subparsers(dest="user_command", required=True)
+    add = user_commands.add_parser("add", help="create a user and print its API token")
+    add.add_argument("name")
+    add.add_argument("--group", action="append", default=[], help="a group (repeatable)")
+    add.add_argument("--admin", action="store_true", help="the user administers the server")
+    output_flag(add)
+    add.set_defaults(run=user_add)
+    listing = user_commands.add_parser("list", help="list users")
+    output_flag(listing)
+    listing.set_defaults(run=user_list)
+    delete = user_commands.add_parser("delete", help="delete a user, its tokens and grants")
+    delete.add_argument("name")
+    delete.set_defaults(run=user_delete)
+    token = user_commands.add_parser("token", help="issue another API token for a user")
+    token.add_argument("name")
+    output_flag(token)
+    token.set_defaults(run=user_token)
+
+    grant = commands.add_parser("grant", help="let a user reach a cluster")
+    grant.add_argument("user")
+    grant.add_argument("--cluster", required=True)
+    grant.add_argument(
+        "--as-group", action="append", default=[], help="Kubernetes group in the cluster"
+    )
+    grant.add_argument("--commands", action="store_true", help="may dispatch commands")
+    grant.add_argument(
+        "--impersonate", action="store_true", help="may use kubectl --as (within tunnel:)"
+    )
+    output_flag(grant)
+    grant.set_defaults(run=grant_access)
+    ungrant = commands.add_parser("ungrant", help="take a user's access to a cluster away")
+    ungrant.add_argument("user")
+    ungrant.add_argument("--cluster", required=True)
+    ungrant.set_defaults(run=ungrant_access)
+    grants = commands.add_parser("grants", help="list grants")
+    grants.add_argument("--user")
+    grants.add_argument("--cluster")
+    output_flag(grants)
+    grants.set_defaults(run=list_grants)
+
+    kubeconfig = commands.add_parser(
+        "kubeconfig", help="print a kubeconfig for a cluster (with a new token of the user)"
+    )
+    kubeconfig.add_argument("--cluster", required=True)
+    kubeconfig.add_argument("--user", required=True)
+    kubeconfig.set_defaults(run=make_kubeconfig)
+
+    audit = commands.add_parser("audit", help="show the audit trail, newest first")
+    audit.add_argument("--cluster")
+    audit.add_argument("--user")
+    audit.add_argument("--kind", choices=["proxy", "command", "admin"])
+    audit.add_argument("--limit", type=int, default=50)
+    output_flag(audit)
+    audit.set_defaults(run=show_audit)
+
+
+def user_add(client: ApiClient, args: argparse.Namespace) -> int:
+    answer = client.request(
+        "POST", "/api/v1/users", {"name": args.name, "groups": args.group, "admin": args.admin}
+    )
+    if args.output == "json":
+        print_json(answer)
+    else:
+        print(answer["token"])
+        print(f"# API token of {args.name}; it is shown only now", file=sys.stderr)
+    return 0
+
+
+def user_list(client: ApiClient, args: argparse.Namespace) -> int:
+    users = client.request("GET", "/api/v1/users")
+    if args.output == "json":
+        print_json(users)
+    else:
+        print_table(
+            users,
+            [("NAME", "name"), ("GROUPS", "groups"), ("ADMIN", "admin"), ("IDENTITY", "identity")],
+        )
+    return 0
+
+
+def user_delete(client: ApiClient, args: argparse.Namespace) -> int:
+    client.request("DELETE", f"/api/v1/users/{segment(args.name)}")
+    print(f"deleted user {args.name}")
+    return 0
+
+
+def user_token(client: ApiClient, args: argparse.Namespace) -> int:
+    answer = client.request("POST", f"/api/v1/users/{segment(args.name)}/tokens")
+    if args.output == "json":
+        print_json(answer)
+    else:
+        print(answer["token"])
+    return 0
+
+
+def grant_access(client: ApiClient, args: argparse.Namespace) -> int:
+    answer = client.request(
+        "PUT",
+        f"/api/v1/grants/{segment(args.user)}/{segment(args.cluster)}",
+        {"as_groups": args.as_group, "commands": args.commands, "impersonate": args.impersonate},
+    )
+    if args.output == "json":
+        print_json(answer)
+    else:
+        print(f"granted {args.user} access to {args.cluster}")
+    return 0
+
+
+def ungrant_access(client: ApiClient, args: argparse.Namespace) -> int:
+    client.request("DELETE", f"/api/v1/grants/{segment(args.user)}/{segment(args.cluster)}")
+    print(f"{args.user} no longer reaches {args.cluster}")
+    return 0
+
+
+def list_grants(client: ApiClient, args: argparse.Namespace) -> int:
+    query = {key: value for key, value in (("user", args.user), ("cluster", args.cluster)) if value}
+    grants = client.request("GET", "/api/v1/grants" + (f"?{urlencode(query)}" if query else ""))
+    if args.output == "json":
+        print_json(grants)
+    else:
+        print_table(
+            grants,
+            [
+                ("USER", "user"),
+                ("CLUSTER", "cluster"),
+                ("AS GROUPS", "as_groups"),
+                ("COMMANDS", "commands"),
+                ("IMPERSONATE", "impersonate"),
+            ],
+        )
+    return 0
+
+
+def make_kubeconfig(client: ApiClient, args: argparse.Namespace) -> int:
+    query = urlencode({"cluster": args.cluster})
+    answer = client.request("POST", f"/api/v1/users/{segment(args.user)}/kubeconfig?{query}")
+    sys.stdout.write(answer["kubeconfig"])
+    if not answer["granted"]:
+        print(
+            f"# warning: {args.user} has no grant on {args.cluster}; "
+            f"run tunnelctl grant {args.user} --cluster {args.cluster}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def show_audit(client: ApiClient, args: argparse.Namespace) -> int:
+    query = {
+        key: value
+        for key, value in (
+            ("cluster", args.cluster),
+            ("user", args.user),
+            ("kind", args.kind),
+            ("limit", str(args.limit)),
+        )
+        if value
+    }
+    events = client.request("GET", f"/api/v1/audit?{urlencode(query)}")
+    if args.output == "json":
+        print_json(events)
+    else:
+        print_table(
+            events,
+            [
+                ("TIME", "time"),
+                ("USER", "user"),
+                ("CLUSTER", "cluster"),
+                ("KIND", "kind"),
+                ("VERB", "verb"),
+                ("PATH", "path"),
+                ("STATUS", "status"),
+                ("IN", "bytes_in"),
+                ("OUT", "bytes_out"),
+                ("MS", "duration_ms"),
+            ],
+        )
+    return 0
