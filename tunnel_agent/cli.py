@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from protocol import Keepalive
+from protocol import Keepalive, kinds
 from protocol.errors import TunnelError
 from tunnel_cli import configure_logging, env_flag, parse_duration
 from tunnel_pki.errors import PkiError
@@ -22,6 +22,10 @@ from .connector import Agent
 from .credentials import CredentialStore, DirectoryCredentialStore, SecretCredentialStore
 from .errors import AgentConfigError, AgentStoppedError
 from .health import start_health_server
+from .kubeapi import KubeApi, load_kube_configuration
+from .kubeproxy import KubeProxy
+from .policy import ProxyPolicy
+from .router import StreamRouter
 
 __all__ = ["build_parser", "main", "settings_from_args"]
 
@@ -151,6 +155,11 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         credentials_dir=credentials_dir,
         kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
         health_listen=health,
+        proxy=ProxyPolicy(
+            read_only=bool(args.read_only),
+            namespaces=frozenset(n.strip() for n in str(args.namespaces).split(",") if n.strip()),
+            allow_secret_values=bool(args.allow_secret_values),
+        ),
         connect=ConnectSettings(
             backoff_cap=parse_duration(args.backoff_cap).total_seconds(),
             keepalive=Keepalive(
@@ -168,30 +177,18 @@ def _read(path: str, what: str) -> bytes:
         raise AgentConfigError(f"cannot read {what} from {path}: {exc.strerror}") from exc
 
 
-async def _kube_api_client(kubeconfig: Path | None) -> object:
-    from kubernetes_asyncio import client, config
-
-    configuration = client.Configuration()
-    if kubeconfig is not None:
-        await config.load_kube_config(
-            config_file=str(kubeconfig), client_configuration=configuration
-        )
-    else:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    return client.ApiClient(configuration)
-
-
 async def run_agent(settings: AgentSettings) -> None:
     """Run the agent with its health endpoint until stopped or a signal arrives."""
-    api_client: object | None = None
+    kube = KubeApi(await load_kube_configuration(settings.kubeconfig))
     store: CredentialStore
     if settings.credentials_dir is not None:
         store = DirectoryCredentialStore(settings.credentials_dir)
     else:
         assert settings.credentials_secret is not None
-        api_client = await _kube_api_client(settings.kubeconfig)
-        store = SecretCredentialStore(api_client, *settings.credentials_secret)
-    agent = Agent(settings, store)
+        store = SecretCredentialStore(kube.api_client(), *settings.credentials_secret)
+    router = StreamRouter()
+    router.add(kinds.STREAM_HTTP, KubeProxy(kube, settings.proxy).handle)
+    agent = Agent(settings, store, on_stream=router)
     health = None
     if settings.health_listen is not None:
         health, port = await start_health_server(agent, *settings.health_listen)
@@ -206,8 +203,7 @@ async def run_agent(settings: AgentSettings) -> None:
     finally:
         if health is not None:
             await health.cleanup()
-        if api_client is not None:
-            await api_client.close()  # type: ignore[attr-defined]
+        await kube.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from protocol import Keepalive, Limits
 
+from .policy import ProxyPolicy
+
 __all__ = ["AgentSettings", "ConnectSettings"]
 
 
@@ -40,3 +42,4 @@ class AgentSettings:
     kubeconfig: Path | None = None
     health_listen: tuple[str, int] | None = None
     connect: ConnectSettings = field(default_factory=ConnectSettings)
+    proxy: ProxyPolicy = field(default_factory=ProxyPolicy)

@@ -1,0 +1,247 @@
+"""The proxy's relay, end to end through server and agent, against a plain upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from yarl import URL
+
+from kubernetes_asyncio import client as kube_client
+from protocol import kinds
+from tunnel_agent.kubeapi import KubeApi
+from tunnel_agent.kubeproxy import KubeProxy
+from tunnel_agent.policy import ProxyPolicy
+from tunnel_agent.router import StreamRouter
+from tunnel_pki.tls import client_context
+
+from .harness import RunningAgent, RunningServer, agent_settings, running_agent
+from .upstream import Upstream, running_upstream
+
+
+@dataclass
+class Tunnel:
+    server: RunningServer
+    agent: RunningAgent
+    upstream: Upstream
+    token: str
+    http: aiohttp.ClientSession
+
+    @property
+    def base(self) -> str:
+        return f"{self.server.url}/k8s/clusters/prod-eu"
+
+    async def call(
+        self, method: str, path: str, *, token: str | None = None, **kwargs: Any
+    ) -> tuple[int, Any]:
+        headers = kwargs.pop("headers", {})
+        headers.setdefault("Authorization", f"Bearer {token or self.token}")
+        async with self.http.request(
+            method,
+            self.base + path,
+            headers=headers,
+            ssl=client_context(self.server.ca_pem),
+            **kwargs,
+        ) as response:
+            text = await response.text()
+            try:
+                return response.status, json.loads(text)
+            except ValueError:
+                return response.status, text
+
+
+def agent_kube_api(upstream: Upstream) -> KubeApi:
+    configuration = kube_client.Configuration(host=upstream.url)
+    configuration.api_key["BearerToken"] = "Bearer agent-service-account-token"
+    return KubeApi(configuration)
+
+
+@pytest.fixture
+async def tunnel(server: RunningServer, tmp_path: Path) -> AsyncIterator[Tunnel]:
+    bootstrap = await server.add_cluster("prod-eu")
+    status, answer = await server.api(
+        "POST", "/api/v1/users", {"name": "alice", "groups": ["platform"]}
+    )
+    assert status == 201, answer
+    status, _ = await server.api("PUT", "/api/v1/grants/alice/prod-eu", {"as_groups": ["viewers"]})
+    assert status == 200
+    async with running_upstream() as upstream:
+        api = agent_kube_api(upstream)
+        router = StreamRouter()
+        router.add(kinds.STREAM_HTTP, KubeProxy(api, ProxyPolicy()).handle)
+        settings = agent_settings(server, "prod-eu", bootstrap, tmp_path / "creds")
+        async with running_agent(settings, on_stream=router) as agent:
+            await agent.wait_connected()
+            async with aiohttp.ClientSession() as http:
+                yield Tunnel(server, agent, upstream, answer["token"], http)
+        await api.close()
+
+
+async def test_request_is_relayed_with_impersonation_and_without_caller_credentials(
+    tunnel: Tunnel,
+) -> None:
+    status, body = await tunnel.call(
+        "POST", "/api/v1/namespaces/default/configmaps?dryRun=All", data=b"payload"
+    )
+    assert status == 200
+    assert body == {
+        "method": "POST",
+        "path": "/api/v1/namespaces/default/configmaps?dryRun=All",
+        "body": "payload",
+    }
+    _, _, headers = tunnel.upstream.requests[-1]
+    assert headers["Authorization"] == "Bearer agent-service-account-token"
+    assert tunnel.token not in str(dict(headers))
+    assert headers["Impersonate-User"] == "tunnel:alice"
+    assert headers.getall("Impersonate-Group") == ["tunnel:platform", "tunnel:viewers"]
+
+
+async def test_error_status_and_body_pass_through_unchanged(tunnel: Tunnel) -> None:
+    status, body = await tunnel.call("GET", "/api/v1/missing")
+    assert status == 404
+    assert body == {"kind": "Status", "reason": "NotFound", "code": 404}
+
+
+async def test_streamed_response_arrives_chunk_by_chunk(tunnel: Tunnel) -> None:
+    async with tunnel.http.get(
+        tunnel.base + "/api/v1/stream",
+        headers={"Authorization": f"Bearer {tunnel.token}"},
+        ssl=client_context(tunnel.server.ca_pem),
+    ) as response:
+        assert response.status == 200
+        await tunnel.upstream.stream_started.wait()
+        for number in range(3):
+            line = json.dumps({"type": "ADDED", "n": number}).encode() + b"\n"
+            await tunnel.upstream.stream_lines.put(line)
+            # Each event arrives before the next is produced: nothing buffers whole bodies.
+            assert await response.content.readline() == line
+        await tunnel.upstream.stream_lines.put(None)
+        assert await response.content.read() == b""
+
+
+@pytest.mark.parametrize(
+    ("token", "status", "reason"),
+    [("tat_wrong", 401, "Unauthorized"), ("", 401, "Unauthorized")],
+)
+async def test_bad_token_gets_401_status(
+    tunnel: Tunnel, token: str, status: int, reason: str
+) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {"Authorization": ""}
+    got, body = await tunnel.call("GET", "/api/v1/pods", headers=headers)
+    assert got == status
+    assert body["kind"] == "Status"
+    assert body["reason"] == reason
+    assert tunnel.upstream.requests == []
+
+
+async def test_user_without_grant_gets_403(tunnel: Tunnel) -> None:
+    status, answer = await tunnel.server.api("POST", "/api/v1/users", {"name": "bob"})
+    assert status == 201
+    got, body = await tunnel.call("GET", "/api/v1/pods", token=answer["token"])
+    assert got == 403
+    assert "no grant" in body["message"]
+    assert tunnel.upstream.requests == []
+
+
+async def test_caller_impersonation_is_refused_without_grant(tunnel: Tunnel) -> None:
+    got, body = await tunnel.call(
+        "GET", "/api/v1/pods", headers={"Impersonate-User": "system:admin"}
+    )
+    assert got == 403
+    assert "impersonate" in body["message"]
+    assert tunnel.upstream.requests == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/../staging/api/v1/pods",
+        "/api/v1/%2e%2e/x",
+        "/api/v1/namespaces%2fkube-system/pods",
+        "/api//v1/pods",
+        "/api/v1/..%2Fsecrets",
+    ],
+)
+async def test_paths_that_try_to_escape_are_refused(tunnel: Tunnel, path: str) -> None:
+    url = URL(tunnel.base + path, encoded=True)
+    async with tunnel.http.get(
+        url,
+        headers={"Authorization": f"Bearer {tunnel.token}"},
+        ssl=client_context(tunnel.server.ca_pem),
+    ) as response:
+        assert response.status in (400, 403, 404)
+    assert all("staging" not in path for _, path, _ in tunnel.upstream.requests)
+    assert tunnel.upstream.requests == []
+
+
+async def test_other_clusters_name_in_path_cannot_reach_it(tunnel: Tunnel) -> None:
+    await tunnel.server.add_cluster("staging")
+    got, body = await tunnel.call("GET", "/../../staging/api/v1/pods")
+    assert got in (400, 404)
+    got, body = await tunnel.call("GET", "", headers={}, allow_redirects=False)
+    # alice has no grant on staging: asking for it directly is refused.
+    async with tunnel.http.get(
+        f"{tunnel.server.url}/k8s/clusters/staging/api/v1/pods",
+        headers={"Authorization": f"Bearer {tunnel.token}"},
+        ssl=client_context(tunnel.server.ca_pem),
+    ) as response:
+        assert response.status == 403
+
+
+async def test_disconnected_cluster_fails_fast_with_503(tunnel: Tunnel) -> None:
+    await tunnel.agent.stop()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    got, body = await tunnel.call("GET", "/api/v1/pods")
+    assert got == 503
+    assert body["reason"] == "ServiceUnavailable"
+    assert "not connected" in body["message"]
+    assert loop.time() - started < 1.0
+
+
+async def test_agent_loss_mid_stream_ends_the_response_with_an_error(tunnel: Tunnel) -> None:
+    async with tunnel.http.get(
+        tunnel.base + "/api/v1/stream",
+        headers={"Authorization": f"Bearer {tunnel.token}"},
+        ssl=client_context(tunnel.server.ca_pem),
+    ) as response:
+        await tunnel.upstream.stream_started.wait()
+        await tunnel.upstream.stream_lines.put(b'{"type":"ADDED"}\n')
+        assert await response.content.readline() == b'{"type":"ADDED"}\n'
+        await tunnel.agent.stop()
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.content.read()
+
+
+async def test_websocket_upgrade_is_relayed_both_ways(tunnel: Tunnel) -> None:
+    async with tunnel.http.ws_connect(
+        tunnel.base + "/api/v1/namespaces/default/pods/p/exec?command=cat",
+        headers={"Authorization": f"Bearer {tunnel.token}"},
+        protocols=["v5.channel.k8s.io"],
+        ssl=client_context(tunnel.server.ca_pem),
+    ) as ws:
+        assert ws.protocol == "v5.channel.k8s.io"
+        for payload in (b"\x00hello", b"\x00" + b"x" * 200_000):
+            await ws.send_bytes(payload)
+            message = await ws.receive()
+            assert message.data == b"echo:" + payload
+    _, _, headers = tunnel.upstream.requests[-1]
+    assert headers["Impersonate-User"] == "tunnel:alice"
+
+
+async def test_each_request_is_audited(tunnel: Tunnel) -> None:
+    await tunnel.call("GET", "/api/v1/namespaces/default/pods/p")
+    await tunnel.call("GET", "/api/v1/namespaces/default/pods/missing")
+    status, events = await tunnel.server.api("GET", "/api/v1/audit?kind=proxy&user=alice")
+    assert status == 200
+    assert [(e["verb"], e["path"], e["status"]) for e in events[:2]] == [
+        ("get", "/api/v1/namespaces/default/pods/missing", 404),
+        ("get", "/api/v1/namespaces/default/pods/p", 200),
+    ]
+    assert all(e["cluster"] == "prod-eu" and e["bytes_out"] > 0 for e in events[:2])

@@ -1,0 +1,104 @@
+"""The agent's way to its cluster's Kubernetes API server.
+
+Credentials come from the in-cluster service account (whose token
+kubernetes_asyncio re-reads as the kubelet rotates it) or from a kubeconfig,
+through kubernetes_asyncio's loaders. :class:`KubeApi` keeps one pooled aiohttp
+session for relayed requests; ``api_client()`` gives a kubernetes_asyncio
+client for typed calls (Secrets, apply).
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from .errors import AgentConfigError
+
+__all__ = ["KubeApi", "load_kube_configuration"]
+
+
+async def load_kube_configuration(kubeconfig: Path | None) -> Any:
+    """A kubernetes_asyncio Configuration from a kubeconfig, or in-cluster."""
+    from kubernetes_asyncio import client, config
+    from kubernetes_asyncio.config.config_exception import ConfigException
+
+    configuration = client.Configuration()
+    try:
+        if kubeconfig is not None:
+            await config.load_kube_config(
+                config_file=str(kubeconfig), client_configuration=configuration
+            )
+        else:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except (ConfigException, OSError, ValueError) as exc:
+        where = kubeconfig or "the in-cluster service account"
+        raise AgentConfigError(f"cannot load Kubernetes credentials from {where}: {exc}") from exc
+    return configuration
+
+
+class KubeApi:
+    """Relays raw HTTP to the API server with the agent's own credentials."""
+
+    def __init__(self, configuration: Any) -> None:
+        self.configuration = configuration
+        self.base_url = str(configuration.host).rstrip("/")
+        self.ssl_context = _ssl_context(configuration)
+        self._session: aiohttp.ClientSession | None = None
+        self._api_client: Any = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self.ssl_context, limit=0),
+                # No timeouts: watches, logs -f and exec stay open as long as
+                # the tunnel does; the tunnel's keepalive finds dead peers.
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
+            )
+        return self._session
+
+    def url(self, path: str) -> URL:
+        """The API server URL of a relayed path, as it came (no re-encoding)."""
+        return URL(self.base_url + path, encoded=True)
+
+    async def authorization(self) -> str | None:
+        """The agent's Authorization header value, refreshed as needed."""
+        settings = await self.configuration.auth_settings()
+        bearer = settings.get("BearerToken")
+        return str(bearer["value"]) if bearer and bearer.get("value") else None
+
+    def api_client(self) -> Any:
+        """A kubernetes_asyncio ApiClient on the same credentials (shared)."""
+        if self._api_client is None:
+            from kubernetes_asyncio import client
+
+            self._api_client = client.ApiClient(self.configuration)
+        return self._api_client
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self._api_client is not None:
+            await self._api_client.close()
+            self._api_client = None
+
+
+def _ssl_context(configuration: Any) -> ssl.SSLContext | bool:
+    if not str(configuration.host).startswith("https"):
+        return False
+    if not configuration.verify_ssl:
+        raise AgentConfigError(
+            "the kubeconfig skips TLS verification of the API server; the agent refuses that"
+        )
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+    context.set_alpn_protocols(["http/1.1"])
+    if configuration.cert_file and configuration.key_file:
+        context.load_cert_chain(configuration.cert_file, configuration.key_file)
+    return context

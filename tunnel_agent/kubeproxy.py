@@ -1,0 +1,211 @@
+"""Serve ``http`` streams: relay Kubernetes API requests to the API server.
+
+The request head comes in the OPEN headers, the body as stream data. The
+agent checks its policy, replaces any credentials with its own, and sends the
+request to the API server only (the path is appended to the API server's URL;
+no other target is possible). The answer flows back as it comes: the head
+(docs/protocol.md, "HTTP streams"), then the body chunk by chunk, so watches
+and ``logs -f`` stream. After a 101 (exec, attach, port-forward) the bytes of
+the upgraded connection are relayed unchanged both ways, half-close included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from protocol.errors import ErrorCode, MalformedFrameError
+from protocol.http import RequestHead, encode_response_head
+from tunnel_mux import MuxStream, SessionError
+from tunnel_mux.upgraded import UpgradedReader
+
+from .kubeapi import KubeApi
+from .policy import ProxyPolicy
+
+__all__ = ["KubeProxy"]
+
+logger = logging.getLogger(__name__)
+
+# Headers the agent never passes to the API server: hop-by-hop ones, and
+# credentials (it sends its own).
+_DROPPED_REQUEST = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "host",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_DROPPED_RESPONSE = frozenset({"connection", "keep-alive", "transfer-encoding", "trailer"})
+
+
+class KubeProxy:
+    """Handles one ``http`` stream at a time per call; share one per agent."""
+
+    def __init__(self, api: KubeApi, policy: ProxyPolicy) -> None:
+        self.api = api
+        self.policy = policy
+
+    async def handle(self, stream: MuxStream) -> None:
+        try:
+            head = RequestHead.from_open_headers(stream.headers)
+        except MalformedFrameError as exc:
+            await _answer_status(stream, 400, "BadRequest", f"invalid request: {exc}")
+            return
+        refusal = self.policy.check(head)
+        if refusal is not None:
+            logger.info("refused %s %s: %s", head.method, head.path[:200], refusal.message)
+            await _answer_status(stream, refusal.status, refusal.reason, refusal.message)
+            return
+        headers = [(name, value) for name, value in head.headers if name not in _DROPPED_REQUEST]
+        authorization = await self.api.authorization()
+        if authorization:
+            headers.append(("authorization", authorization))
+        if head.upgrade:
+            headers.append(("connection", "Upgrade"))
+            upgrade = next((v for n, v in head.headers if n == "upgrade"), "")
+            headers.append(("upgrade", upgrade))
+        try:
+            if head.upgrade:
+                await self._upgrade(stream, head, headers)
+            else:
+                await self._request(stream, head, headers)
+        except (aiohttp.ClientError, OSError) as exc:
+            logger.warning("cannot reach the API server: %s", exc)
+            await _answer_status(
+                stream, 502, "BadGateway", f"the agent cannot reach the API server: {exc}"
+            )
+
+    async def _request(
+        self, stream: MuxStream, head: RequestHead, headers: list[tuple[str, str]]
+    ) -> None:
+        has_body = not stream.at_eof
+        async with self.api.session.request(
+            head.method,
+            self.api.url(head.path),
+            headers=headers,
+            data=_body(stream) if has_body else None,
+            allow_redirects=False,
+            compress=None,
+        ) as response:
+            await stream.write(
+                encode_response_head(
+                    response.status, response.reason or "", _response_headers(response)
+                )
+            )
+            async for chunk in response.content.iter_any():
+                await stream.write(chunk)
+        stream.end()
+
+    async def _upgrade(
+        self, stream: MuxStream, head: RequestHead, headers: list[tuple[str, str]]
+    ) -> None:
+        response = await self.api.session.request(
+            head.method,
+            self.api.url(head.path),
+            headers=headers,
+            allow_redirects=False,
+        )
+        try:
+            await stream.write(
+                encode_response_head(
+                    response.status, response.reason or "", _response_headers(response)
+                )
+            )
+            if response.status != 101:
+                async for chunk in response.content.iter_any():
+                    await stream.write(chunk)
+                stream.end()
+                return
+            connection = response.connection
+            assert connection is not None
+            assert connection.protocol is not None
+            reader = UpgradedReader(connection.transport)
+            connection.protocol.read_timeout = None
+            connection.protocol.set_parser(reader, reader)
+            transport = connection.transport
+            assert transport is not None
+            await _splice(stream, reader, transport)
+        finally:
+            response.close()
+
+
+async def _splice(
+    stream: MuxStream, reader: UpgradedReader, transport: asyncio.BaseTransport
+) -> None:
+    """Relay bytes between the stream and the API server's upgraded connection."""
+    assert isinstance(transport, asyncio.WriteTransport)
+
+    async def to_api_server() -> None:
+        while chunk := await stream.read():
+            transport.write(chunk)
+        if transport.can_write_eof():
+            transport.write_eof()  # the caller half-closed (e.g. stdin EOF)
+
+    async def to_caller() -> None:
+        while chunk := await reader.read():
+            await stream.write(chunk)
+        stream.end()
+
+    upward = asyncio.create_task(to_api_server())
+    try:
+        await to_caller()
+    finally:
+        upward.cancel()
+        with contextlib.suppress(asyncio.CancelledError, SessionError, ConnectionError):
+            await upward
+
+
+async def _body(stream: MuxStream) -> AsyncIterator[bytes]:
+    while chunk := await stream.read():
+        yield chunk
+
+
+def _response_headers(response: aiohttp.ClientResponse) -> list[tuple[str, str]]:
+    # A 101 keeps Connection and Upgrade: they are what switches protocols.
+    dropped = _DROPPED_RESPONSE - {"connection"} if response.status == 101 else _DROPPED_RESPONSE
+    headers = []
+    for raw_name, raw_value in response.raw_headers:
+        name = raw_name.decode("latin-1").lower()
+        if name not in dropped:
+            headers.append((name, raw_value.decode("latin-1")))
+    return headers
+
+
+async def _answer_status(stream: MuxStream, code: int, reason: str, message: str) -> None:
+    """Answer with a Kubernetes Status, as the API server would."""
+    body = json.dumps(
+        {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code,
+        }
+    ).encode()
+    try:
+        await stream.write(
+            encode_response_head(
+                code,
+                reason,
+                [("content-type", "application/json"), ("content-length", str(len(body)))],
+            )
+            + body
+        )
+        stream.end()
+    except SessionError:
+        stream.reset(ErrorCode.CANCEL)
