@@ -26,6 +26,7 @@ from .errors import (
     ErrorCode,
     ExcessiveLoadError,
     FlowControlError,
+    FrameSizeError,
     GoingAwayError,
     HandshakeIncompleteError,
     HeaderTooLargeError,
@@ -52,6 +53,7 @@ from .events import (
     StreamReset,
 )
 from .frames import (
+    MAX_CAPABILITIES,
     MAX_KIND_LENGTH,
     MAX_REASON_LENGTH,
     DataFrame,
@@ -64,11 +66,15 @@ from .frames import (
     PongFrame,
     ResetFrame,
     WindowFrame,
+    WireItem,
+    data_to_wire,
     decode_message,
     encode_message,
+    encode_wire,
+    to_wire,
 )
 from .limits import MAX_STREAM_ID, MAX_WINDOW, MESSAGE_OVERHEAD, MIN_FRAME_SIZE, Keepalive, Limits
-from .streams import Stream, StreamInput, StreamState, next_state
+from .streams import TRANSITIONS, Stream, StreamInput, StreamState, next_state
 
 __all__ = [
     "MAX_PROTOCOL_VERSION",
@@ -89,6 +95,11 @@ MAX_CONTROL_QUEUE = 10_000
 MAX_OUTSTANDING_PINGS = 64
 #: Room kept for a DATA frame's envelope when batching.
 _DATA_OVERHEAD = 16
+#: Room kept for an OPEN or MESSAGE frame's envelope, beyond its kind and map.
+_ENVELOPE = 16
+#: States that allow SEND_DATA, from the table: a tuple, because identity
+#: comparison is much cheaper than hashing an enum on every write.
+_SENDABLE = tuple(state for state, event in TRANSITIONS if event is StreamInput.SEND_DATA)
 
 
 class Side(enum.Enum):
@@ -153,7 +164,16 @@ class Connection:
         self.close_reason = ""
 
         self._min_version, self._max_version = versions
+        if not 0 < self._min_version <= self._max_version < 2**16:
+            raise ValueError("versions must be (min, max) with 1 <= min <= max <= 65535")
         self._local_capabilities = frozenset(capabilities)
+        if len(self._local_capabilities) > MAX_CAPABILITIES or not all(
+            type(name) is str and len(name) <= MAX_KIND_LENGTH for name in self._local_capabilities
+        ):
+            raise ValueError(
+                f"capabilities must be at most {MAX_CAPABILITIES} names "
+                f"of at most {MAX_KIND_LENGTH} characters"
+            )
         self._streams: dict[int, Stream] = {}
         self._local_open = 0
         self._remote_open = 0
@@ -166,7 +186,8 @@ class Connection:
         self._ready: deque[Stream] = deque()
         # Connection credit: ours to spend, and what the peer still holds.
         self._send_window = 0
-        self._recv_window = self.limits.connection_window
+        self._connection_window = self.limits.connection_window
+        self._recv_window = self._connection_window
         # Bytes delivered to consumers and not yet acknowledged, all streams.
         self._buffered = 0
         self._stream_threshold = max(1, self.limits.initial_window // 4)
@@ -179,12 +200,14 @@ class Connection:
         self._last_received: float | None = None
         self._started: float | None = None
 
+        info_map = dict(info or {})
+        _checked_size(info_map)
         hello = HelloFrame(
             self._min_version,
             self._max_version,
             self.limits,
             self._local_capabilities,
-            dict(info or {}),
+            info_map,
         )
         size = len(encode_message([hello]))
         if size > MIN_FRAME_SIZE:
@@ -265,10 +288,9 @@ class Connection:
             raise StreamLimitError(
                 f"the peer accepts at most {self.peer_limits.max_streams} concurrent streams"
             )
-        if not 0 < len(kind) <= MAX_KIND_LENGTH:
-            raise ValueError(f"stream kind must have 1..{MAX_KIND_LENGTH} characters")
+        kind_size = _kind_size(kind, "stream")
         header_map = dict(headers or {})
-        size = _packed_size(header_map)
+        size = _checked_size(header_map)
         if size > self.peer_limits.max_header_size:
             raise HeaderTooLargeError(
                 f"headers of {size} bytes exceed the peer's limit of "
@@ -291,7 +313,7 @@ class Connection:
         if end_stream:
             stream.state = StreamState.HALF_CLOSED_LOCAL
         self._control.append(
-            (OpenFrame(stream_id, kind, header_map, end_stream), size + 2 * MAX_KIND_LENGTH)
+            (OpenFrame(stream_id, kind, header_map, end_stream), size + kind_size + _ENVELOPE)
         )
         return stream_id
 
@@ -302,7 +324,14 @@ class Connection:
 
         At most :meth:`send_capacity` bytes are accepted at once.
         """
-        stream = self._writable_stream(stream_id, StreamInput.SEND_DATA)
+        stream = self._streams.get(stream_id)
+        if (
+            stream is None
+            or stream.state not in _SENDABLE
+            or stream.pending_end
+            or self.state is ConnectionState.CLOSED
+        ):
+            stream = self._writable_stream(stream_id, StreamInput.SEND_DATA)  # raises
         size = len(data)
         if size:
             if stream.pending_size + size > self.limits.max_send_buffer:
@@ -328,6 +357,7 @@ class Connection:
         Resetting a stream that has already ended does nothing, because the
         two sides may end a stream at the same moment.
         """
+        _check_code(code)
         if self.state is ConnectionState.CLOSED:
             return
         stream = self._streams.get(stream_id)
@@ -361,22 +391,22 @@ class Connection:
                 stream.consumed = 0
                 stream.recv_window += increment
                 self._control.append((WindowFrame(stream_id, increment), 24))
-        self._return_connection_credit()
+        if self._connection_window - self._recv_window >= self._connection_threshold:
+            self._return_connection_credit()
 
     def send_message(self, kind: str, body: Mapping[str, Any]) -> None:
         """Send a connection-level control message; it jumps the data queue."""
         self._require_open()
         assert self.peer_limits is not None
-        if not 0 < len(kind) <= MAX_KIND_LENGTH:
-            raise ValueError(f"message kind must have 1..{MAX_KIND_LENGTH} characters")
+        kind_size = _kind_size(kind, "message")
         body_map = dict(body)
-        size = _packed_size(body_map)
+        size = _checked_size(body_map)
         if size > self.peer_limits.max_header_size:
             raise HeaderTooLargeError(
                 f"message body of {size} bytes exceeds the peer's limit of "
                 f"{self.peer_limits.max_header_size}; send it on a stream"
             )
-        self._control.append((MessageFrame(kind, body_map), size + 2 * MAX_KIND_LENGTH))
+        self._control.append((MessageFrame(kind, body_map), size + kind_size + _ENVELOPE))
 
     def send_ping(self, now: float) -> int:
         """Send a PING; its PONG yields :class:`PongReceived` with the round trip."""
@@ -391,6 +421,7 @@ class Connection:
 
     def goaway(self, code: int = ErrorCode.NO_ERROR, reason: str = "") -> None:
         """Accept no new streams from the peer; open ones may finish."""
+        _check_code(code)
         if self.state is ConnectionState.CLOSED or self._goaway_sent is not None:
             return
         self._goaway_sent = self._highest_remote_id
@@ -401,6 +432,7 @@ class Connection:
 
         Call it also when the socket is gone; the GOAWAY then goes nowhere.
         """
+        _check_code(code)
         if self.state is ConnectionState.CLOSED:
             return
         self._control.clear()
@@ -454,21 +486,24 @@ class Connection:
         can_send_data = self.state is not ConnectionState.CLOSED
         messages: list[bytes] = []
         while max_messages is None or len(messages) < max_messages:
-            frames: list[Frame] = []
+            items: list[WireItem] = []
             size = 0
             control = self._control
             while control:
                 frame, frame_size = control[0]
-                if frames and size + frame_size > limit:
+                if items and size + frame_size > limit:
                     break
                 control.popleft()
-                frames.append(frame)
+                items.append(to_wire(frame))
                 size += frame_size
-            if can_send_data and self._ready:
-                size = self._schedule_data(frames, size, limit, max_payload)
-            if not frames:
+            # DATA only once every control frame is out: control frames come
+            # first, and a stream's OPEN must precede its DATA (docs/protocol.md,
+            # "Scheduling").
+            if can_send_data and self._ready and not control:
+                size = self._schedule_data(items, size, limit, max_payload)
+            if not items:
                 break
-            messages.append(encode_message(frames))
+            messages.append(encode_wire(items))
         self.stats.messages_sent += len(messages)
         return messages
 
@@ -505,7 +540,7 @@ class Connection:
                 elif type(frame) is PongFrame:
                     self._receive_pong(frame, now, events)
                 elif type(frame) is MessageFrame:
-                    events.append(MessageReceived(frame.kind, frame.body))
+                    self._receive_message(frame, events)
                 elif type(frame) is GoAwayFrame:
                     self._receive_goaway(frame, events)
                 else:
@@ -573,7 +608,9 @@ class Connection:
             stream.buffered += size
             self._buffered += size
             events.append(DataReceived(stream.id, frame.data))  # type: ignore[arg-type]
-            self._return_connection_credit()
+            # Cheap test first: nothing can be owed below the threshold.
+            if self._connection_window - self._recv_window >= self._connection_threshold:
+                self._return_connection_credit()
         if frame.end_stream:
             events.append(StreamEnded(stream.id))
             if state is StreamState.OPEN:
@@ -662,6 +699,17 @@ class Connection:
         self.rtt = max(0.0, now - sent)
         events.append(PongReceived(frame.opaque, self.rtt))
 
+    def _receive_message(self, frame: MessageFrame, events: list[Event]) -> None:
+        # The body is bounded like an OPEN's headers (docs/protocol.md, "Limits"),
+        # but belongs to no stream: over the limit, the connection fails.
+        size = _packed_size(frame.body)
+        if size > self.limits.max_header_size:
+            raise FrameSizeError(
+                f"MESSAGE body of {size} bytes exceeds the limit of {self.limits.max_header_size}",
+                code=ErrorCode.HEADER_TOO_LARGE,
+            )
+        events.append(MessageReceived(frame.kind, frame.body))
+
     def _receive_goaway(self, frame: GoAwayFrame, events: list[Event]) -> None:
         last = frame.last_stream_id
         if self._goaway_received is not None:
@@ -686,35 +734,46 @@ class Connection:
 
     # --------------------------------------------------------------- send side
 
-    def _schedule_data(self, frames: list[Frame], size: int, limit: int, max_payload: int) -> int:
+    def _schedule_data(self, items: list[WireItem], size: int, limit: int, max_payload: int) -> int:
+        # The hot path of sending: credit and counters live in locals until the end.
         ready = self._ready
+        room = limit - _DATA_OVERHEAD
+        window = self._send_window
+        sent = 0
         skipped = 0
-        while ready and skipped < len(ready) and size + _DATA_OVERHEAD < limit:
+        while ready and skipped < len(ready) and size < room:
             stream = ready.popleft()
             if stream.state is StreamState.RESET:
                 stream.scheduled = False
                 continue
-            amount = min(stream.pending_size, stream.send_window, self._send_window, max_payload)
-            if amount <= 0 and stream.pending_size:
+            pending = stream.pending_size
+            amount = stream.send_window
+            if window < amount:
+                amount = window
+            if max_payload < amount:
+                amount = max_payload
+            if pending < amount:
+                amount = pending
+            if amount <= 0 and pending:
                 if stream.send_window <= 0:
                     stream.scheduled = False  # back on the queue when WINDOW comes
                 else:
                     ready.append(stream)  # waits for connection credit
                     skipped += 1
                 continue
-            if amount > limit - size - _DATA_OVERHEAD:
-                if frames:
+            if amount > room - size:
+                if items:
                     ready.appendleft(stream)  # first in the next message
                     break
-                amount = limit - size - _DATA_OVERHEAD
+                amount = room - size
             skipped = 0
             data: bytes | memoryview = stream.take(amount) if amount else b""
             end = stream.pending_end and stream.pending_size == 0
-            frames.append(DataFrame(stream.id, data, end))
+            items.append(data_to_wire(stream.id, data, end))
             size += amount + _DATA_OVERHEAD
             stream.send_window -= amount
-            self._send_window -= amount
-            self.stats.bytes_sent += amount
+            window -= amount
+            sent += amount
             if end:
                 stream.pending_end = False
                 stream.scheduled = False
@@ -724,6 +783,8 @@ class Connection:
                 ready.append(stream)
             else:
                 stream.scheduled = False
+        self._send_window = window
+        self.stats.bytes_sent += sent
         return size
 
     def _send_end(self, stream: Stream) -> None:
@@ -763,8 +824,8 @@ class Connection:
         # Credit returns as soon as data is delivered, while the bytes held for
         # slow consumers stay within one connection window; past that, only as
         # they are acknowledged (docs/protocol.md, "Flow control").
-        owed = self.limits.connection_window - self._recv_window
-        excess = self._buffered - self.limits.connection_window
+        owed = self._connection_window - self._recv_window
+        excess = self._buffered - self._connection_window
         if excess > 0:
             owed -= excess
         if owed >= self._connection_threshold:
@@ -789,8 +850,14 @@ class Connection:
             self._local_open -= 1
         else:
             self._remote_open -= 1
-        self._buffered -= stream.buffered
-        stream.buffered = 0
+        if stream.buffered:
+            self._buffered -= stream.buffered
+            stream.buffered = 0
+            if not aborted:
+                # Its unacknowledged bytes are released: their connection credit
+                # may be owed now, and a sender waiting only for it would
+                # otherwise wait forever (docs/protocol.md, "Flow control").
+                self._return_connection_credit()
         if aborted:
             self.stats.streams_aborted += 1
         elif state is StreamState.CLOSED:
@@ -835,11 +902,43 @@ class Connection:
 
 
 def _packed_size(value: Mapping[str, Any]) -> int:
+    """Encoded size of a map decoded from the peer (which always encodes again)."""
+    return len(msgpack.packb(value))
+
+
+def _checked_size(value: Mapping[str, Any]) -> int:
+    """Encoded size of a map from this side's caller, refusing what the peer cannot decode.
+
+    The peer decodes maps with string keys only (docs/protocol.md, "Frames"):
+    a map that encodes but does not decode there would fail the connection.
+    """
     try:
-        return len(msgpack.packb(value))
+        packed = msgpack.packb(value)
+        msgpack.unpackb(packed, raw=False, strict_map_key=True)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ValueError(f"cannot encode as msgpack: {exc}") from exc
+        raise ValueError(f"cannot encode as msgpack for the peer: {exc}") from exc
+    return len(packed)
+
+
+def _kind_size(kind: str, what: str) -> int:
+    """Encoded length of a stream or message kind, after checking the peer accepts it."""
+    if not 0 < len(kind) <= MAX_KIND_LENGTH:
+        raise ValueError(f"{what} kind must have 1..{MAX_KIND_LENGTH} characters")
+    try:
+        return len(kind.encode())
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} kind must be valid Unicode text") from exc
+
+
+def _check_code(code: int) -> None:
+    if not 0 <= code < 2**32:
+        raise ValueError(f"error code {code} is outside 0..2**32-1")
 
 
 def _short(reason: str) -> str:
-    return reason if len(reason) <= MAX_REASON_LENGTH else reason[: MAX_REASON_LENGTH - 1] + "…"
+    if len(reason) > MAX_REASON_LENGTH:
+        reason = reason[: MAX_REASON_LENGTH - 1] + "…"
+    if not reason.isascii():
+        # Lone surrogates cannot be sent; they must not break the connection.
+        reason = reason.encode("utf-8", "replace").decode("utf-8")
+    return reason

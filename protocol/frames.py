@@ -23,6 +23,7 @@ from .limits import MAX_STREAM_ID, MAX_WINDOW, Limits
 
 __all__ = [
     "END_STREAM",
+    "MAX_CAPABILITIES",
     "MAX_KIND_LENGTH",
     "MAX_REASON_LENGTH",
     "DataFrame",
@@ -36,9 +37,13 @@ __all__ = [
     "PongFrame",
     "ResetFrame",
     "WindowFrame",
+    "WireItem",
+    "data_to_wire",
     "decode_message",
     "encode_message",
+    "encode_wire",
     "encoded_size",
+    "to_wire",
 ]
 
 #: Flag bit on OPEN and DATA: the sender will send no more data on this stream.
@@ -50,7 +55,8 @@ MAX_KIND_LENGTH = 64
 MAX_REASON_LENGTH = 256
 #: Largest HELLO ``info`` map, encoded.
 MAX_INFO_SIZE = 8 * 1024
-_MAX_CAPABILITIES = 64
+#: Most capability names in a HELLO.
+MAX_CAPABILITIES = 64
 _MAX_PING_DATA = 2**64 - 1
 
 
@@ -159,7 +165,12 @@ Frame = (
 )
 
 
-def _to_wire(frame: Frame) -> tuple[Any, ...]:
+#: One frame as msgpack carries it: ``(type, ...fields)``.
+WireItem = tuple[Any, ...]
+
+
+def to_wire(frame: Frame) -> WireItem:
+    """The frame as msgpack carries it."""
     # Ordered by frequency: DATA and WINDOW dominate.
     if type(frame) is DataFrame:
         return (3, frame.stream_id, frame.data, END_STREAM if frame.end_stream else 0)
@@ -195,9 +206,23 @@ def _to_wire(frame: Frame) -> tuple[Any, ...]:
     )
 
 
+def data_to_wire(stream_id: int, data: bytes | memoryview, end_stream: bool) -> WireItem:
+    """A DATA frame as msgpack carries it, built from its fields.
+
+    Equal to ``to_wire(DataFrame(stream_id, data, end_stream))``; the sending
+    hot path uses it to skip building a frame object it would only take apart.
+    """
+    return (3, stream_id, data, END_STREAM if end_stream else 0)
+
+
 def encode_message(frames: Sequence[Frame]) -> bytes:
     """Encode frames as one message (a msgpack array of frames)."""
-    return msgpack.packb([_to_wire(frame) for frame in frames])  # type: ignore[no-any-return]
+    return encode_wire([to_wire(frame) for frame in frames])
+
+
+def encode_wire(items: Sequence[WireItem]) -> bytes:
+    """Encode frames already in their wire form (see :func:`to_wire`) as one message."""
+    return msgpack.packb(items)  # type: ignore[no-any-return]
 
 
 def encoded_size(frame: Frame) -> int:
@@ -232,7 +257,27 @@ def decode_message(data: bytes, limits: Limits) -> list[Frame]:
         raise MalformedFrameError(f"message is not valid msgpack: {exc}") from exc
     if type(items) is not list or not items:
         raise MalformedFrameError("a message must be a non-empty array of frames")
-    return [_from_wire(item, limits) for item in items]
+    frames: list[Frame] = []
+    max_payload = limits.max_frame_size
+    for item in items:
+        # The frequent case, a well-formed DATA frame, is checked inline; all
+        # else (malformed DATA included, for its precise error) takes the full path.
+        if type(item) is list and len(item) == 4:
+            frame_type, stream_id, payload, flags = item
+            if (
+                frame_type == 3
+                and type(frame_type) is int
+                and type(stream_id) is int
+                and 0 < stream_id <= MAX_STREAM_ID
+                and type(payload) is bytes
+                and len(payload) <= max_payload
+                and type(flags) is int
+                and (flags == 0 or flags == END_STREAM)
+            ):
+                frames.append(DataFrame(stream_id, payload, flags == END_STREAM))
+                continue
+        frames.append(_from_wire(item, limits))
+    return frames
 
 
 def _from_wire(item: Any, limits: Limits) -> Frame:
@@ -316,7 +361,7 @@ def _hello_from_wire(item: list[Any]) -> HelloFrame:
     capabilities = body.get("capabilities", [])
     if (
         type(capabilities) is not list
-        or len(capabilities) > _MAX_CAPABILITIES
+        or len(capabilities) > MAX_CAPABILITIES
         or not all(type(c) is str and len(c) <= MAX_KIND_LENGTH for c in capabilities)
     ):
         raise MalformedFrameError("HELLO capabilities must be a short list of names")

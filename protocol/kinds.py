@@ -14,9 +14,11 @@ __all__ = [
     "MESSAGE_CERT_ISSUED",
     "MESSAGE_CERT_REFUSED",
     "MESSAGE_CERT_RENEW",
+    "MESSAGE_COMMAND_CANCEL",
     "PATH_AGENT_CONNECT",
     "PATH_BOOTSTRAP",
     "STREAM_COMMAND",
+    "STREAM_COMMAND_REPORT",
     "STREAM_HTTP",
 ]
 
@@ -26,8 +28,17 @@ PATH_AGENT_CONNECT = "/api/v1/agent/connect"
 
 #: A Kubernetes API request relayed to the cluster (server -> agent).
 STREAM_HTTP = "http"
-#: A command dispatched to the agent (server -> agent).
+#: A command offered to the agent (server -> agent): headers ``{"id", "attempt",
+#: "type", "name"}``, data the spec as one JSON record; the agent answers one
+#: record ``{"accepted": bool, "reason"?}`` (docs/protocol.md, "Command streams").
 STREAM_COMMAND = "command"
+#: The progress of one attempt (agent -> server): headers ``{"id", "attempt"}``;
+#: the agent sends records ``{"event": "started" | "resume" | "log" | "heartbeat" |
+#: "result", ...}``, the server answers ``{"ack": true}`` or ``{"stale": reason}``.
+STREAM_COMMAND_REPORT = "command.report"
+
+#: Server -> agent: ``{"id", "attempt"}``; stop that attempt now.
+MESSAGE_COMMAND_CANCEL = "command.cancel"
 
 #: Agent -> server: ``{"csr": PEM}``; asks for a fresh client certificate.
 MESSAGE_CERT_RENEW = "cert.renew"

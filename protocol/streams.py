@@ -133,21 +133,34 @@ class Stream:
         return f"<Stream {self.id} {self.kind} {self.state.value}>"
 
     def take(self, size: int) -> bytes | memoryview:
-        """Remove and return up to ``size`` bytes from the send queue."""
-        head = self.pending[0]
-        if len(head) <= size:
-            self.pending.popleft()
-            taken = len(head)
-            if taken < size and self.pending:
-                parts = [head]
-                while self.pending and taken + len(self.pending[0]) <= size:
-                    chunk = self.pending.popleft()
-                    parts.append(chunk)
-                    taken += len(chunk)
-                head = b"".join(parts)
-            self.pending_size -= taken
-            return head
-        view = memoryview(head)
-        self.pending[0] = view[size:]
+        """Remove and return exactly ``size`` bytes (at most ``pending_size``) from the queue.
+
+        Exactly: the caller has charged ``size`` bytes of credit for them.
+        """
+        pending = self.pending
+        head = pending[0]
+        length = len(head)
+        if length == size:
+            pending.popleft()
+        elif length > size:
+            view = memoryview(head)
+            pending[0] = view[size:]
+            head = view[:size]
+        else:
+            pending.popleft()
+            parts = [head]
+            while length < size and pending:
+                chunk = pending[0]
+                wanted = size - length
+                if len(chunk) <= wanted:
+                    pending.popleft()
+                else:
+                    view = memoryview(chunk)
+                    pending[0] = view[wanted:]
+                    chunk = view[:wanted]
+                parts.append(chunk)
+                length += len(chunk)
+            head = b"".join(parts)
+            size = length
         self.pending_size -= size
-        return view[:size]
+        return head

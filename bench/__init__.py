@@ -1,0 +1,1 @@
+"""Benchmarks, runnable as modules: ``.venv/bin/python -m bench.<name>``."""

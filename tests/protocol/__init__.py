@@ -1,0 +1,1 @@
+"""Protocol tier: the sans-I/O core, driven with bytes alone."""

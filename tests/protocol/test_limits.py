@@ -1,0 +1,261 @@
+"""Limits: frame size, header size, stream count; each breach a typed error with its code."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol import (
+    Connection,
+    ErrorCode,
+    FrameSizeError,
+    HeaderTooLargeError,
+    Limits,
+    MalformedFrameError,
+    MessageReceived,
+    ProtocolError,
+    Side,
+    StreamIdsExhaustedError,
+    StreamLimitError,
+    StreamOpened,
+    StreamReset,
+)
+from protocol import errors as protocol_errors
+from protocol.frames import (
+    MAX_KIND_LENGTH,
+    DataFrame,
+    GoAwayFrame,
+    MessageFrame,
+    OpenFrame,
+    ResetFrame,
+    decode_message,
+    encode_message,
+)
+from protocol.limits import MAX_STREAM_ID, MESSAGE_OVERHEAD, MIN_FRAME_SIZE
+
+from .pair import Pair, assert_accounted, feed, handshaken, of_type, sent_frames
+
+SMALL = Limits(max_frame_size=MIN_FRAME_SIZE, max_header_size=1024, max_streams=2)
+
+
+def goaway_code(connection: Connection) -> int:
+    [goaway] = [f for f in sent_frames(connection) if isinstance(f, GoAwayFrame)]
+    return goaway.code
+
+
+def test_data_over_our_max_frame_size_is_a_frame_size_error() -> None:
+    server = handshaken(limits=SMALL)
+    feed(server, OpenFrame(1, "http", {}))
+
+    with pytest.raises(FrameSizeError) as error:
+        feed(server, DataFrame(1, b"x" * (MIN_FRAME_SIZE + 1)))
+
+    assert error.value.code is ErrorCode.FRAME_SIZE_ERROR
+    assert goaway_code(server) == ErrorCode.FRAME_SIZE_ERROR
+
+
+def test_a_message_over_the_message_limit_is_a_frame_size_error() -> None:
+    server = handshaken(limits=SMALL)
+    frames = [DataFrame(1, b"x" * 1000)] * (SMALL.message_limit // 1000 + 1)
+    message = encode_message(frames)
+    assert len(message) > MIN_FRAME_SIZE + MESSAGE_OVERHEAD
+
+    with pytest.raises(FrameSizeError, match="exceeds the limit"):
+        server.receive_data(message, 0.0)
+
+    assert goaway_code(server) == ErrorCode.FRAME_SIZE_ERROR
+
+
+def test_open_with_headers_over_the_limit_is_reset_with_header_too_large() -> None:
+    server = handshaken(limits=SMALL)
+
+    events = feed(server, OpenFrame(1, "http", {"big": "x" * 2000}), DataFrame(1, b"body"))
+
+    assert events == []
+    assert server.open_streams == 0
+    [reset] = of_type(sent_frames(server), ResetFrame)
+    assert (reset.stream_id, reset.code) == (1, ErrorCode.HEADER_TOO_LARGE)
+    assert not server.closed
+    assert of_type(feed(server, OpenFrame(3, "http", {"small": "x"})), StreamOpened)
+
+
+def test_local_headers_over_the_peer_limit_raise_header_too_large() -> None:
+    client = handshaken(Side.CLIENT, peer_limits=SMALL)
+
+    with pytest.raises(HeaderTooLargeError) as error:
+        client.open_stream("http", {"big": "x" * 2000})
+
+    assert error.value.code is ErrorCode.HEADER_TOO_LARGE
+    assert sent_frames(client) == []
+    assert client.open_streams == 0
+    assert client.open_stream("http") == 1  # the refused open used no stream id
+
+
+def test_local_message_over_the_peer_limit_raises_header_too_large() -> None:
+    client = handshaken(Side.CLIENT, peer_limits=SMALL)
+
+    with pytest.raises(HeaderTooLargeError, match="send it on a stream"):
+        client.send_message("cert.renew", {"csr": "x" * 2000})
+
+    assert sent_frames(client) == []
+
+
+def test_a_message_within_the_limit_is_delivered() -> None:
+    pair = Pair()
+    pair.client.send_message("cert.renew", {"csr": "PEM"})
+
+    assert pair.send(pair.client) == [MessageReceived("cert.renew", {"csr": "PEM"})]
+
+
+def test_a_received_message_over_the_header_limit_is_refused() -> None:
+    server = handshaken(limits=SMALL)
+
+    with pytest.raises(FrameSizeError) as error:
+        feed(server, MessageFrame("cert.renew", {"csr": "x" * 2000}))
+
+    assert error.value.code is ErrorCode.HEADER_TOO_LARGE
+    assert goaway_code(server) == ErrorCode.HEADER_TOO_LARGE
+
+
+def test_a_peer_opening_more_streams_than_allowed_is_refused() -> None:
+    server = handshaken(limits=SMALL)
+
+    events = feed(server, *(OpenFrame(i, "http", {}) for i in (1, 3, 5)))
+
+    assert [e.stream_id for e in of_type(events, StreamOpened)] == [1, 3]
+    [reset] = of_type(sent_frames(server), ResetFrame)
+    assert (reset.stream_id, reset.code) == (5, ErrorCode.REFUSED_STREAM)
+    assert not server.closed
+    assert_accounted(server)
+
+
+def test_opening_more_streams_than_the_peer_allows_raises_stream_limit() -> None:
+    pair = Pair(server=Connection(Side.SERVER, SMALL))
+    first = pair.client.open_stream("http")
+    pair.client.open_stream("http")
+
+    with pytest.raises(StreamLimitError) as error:
+        pair.client.open_stream("http")
+
+    assert error.value.code is ErrorCode.REFUSED_STREAM
+    pair.client.reset_stream(first)
+    pair.client.open_stream("http")  # an ended stream frees its place
+    _, server_events = pair.exchange()
+    assert of_type(server_events, StreamReset) == [StreamReset(first, ErrorCode.CANCEL)]
+    assert pair.server.open_streams == 2
+
+
+def test_stream_ids_run_out_before_they_pass_the_maximum() -> None:
+    client = handshaken(Side.CLIENT)
+    # Reaching the end honestly takes 2**30 streams; jump there instead.
+    client._next_stream_id = MAX_STREAM_ID
+
+    assert client.open_stream("http") == MAX_STREAM_ID
+    client.reset_stream(MAX_STREAM_ID)
+    with pytest.raises(StreamIdsExhaustedError) as error:
+        client.open_stream("http")
+    assert error.value.code is ErrorCode.REFUSED_STREAM
+
+
+@pytest.mark.parametrize("kind", ["", "k" * (MAX_KIND_LENGTH + 1)])
+def test_stream_and_message_kinds_are_short_names(kind: str) -> None:
+    client = handshaken(Side.CLIENT)
+
+    with pytest.raises(ValueError, match="kind"):
+        client.open_stream(kind)
+    with pytest.raises(ValueError, match="kind"):
+        client.send_message(kind, {})
+
+
+def test_headers_the_peer_could_not_decode_are_refused_locally() -> None:
+    client = handshaken(Side.CLIENT)
+
+    with pytest.raises(ValueError, match="msgpack"):
+        client.open_stream("http", {"nested": {1: "integer keys are not allowed"}})
+    with pytest.raises(ValueError, match="msgpack"):
+        client.send_message("x", {"value": object()})
+
+    assert sent_frames(client) == []
+    assert client.open_streams == 0
+
+
+@pytest.mark.parametrize("code", [-1, 2**32])
+def test_codes_outside_32_bits_are_refused_locally(code: int) -> None:
+    client = handshaken(Side.CLIENT)
+    stream_id = client.open_stream("http")
+
+    with pytest.raises(ValueError, match="code"):
+        client.reset_stream(stream_id, code)
+    with pytest.raises(ValueError, match="code"):
+        client.goaway(code)
+    with pytest.raises(ValueError, match="code"):
+        client.close(code)
+    assert not client.closed
+
+
+def test_messages_stay_within_the_peer_limit_whatever_the_kinds() -> None:
+    # Kinds are counted in characters but sent as UTF-8: four bytes apiece here.
+    pair = Pair()
+    kind = "\N{GRINNING FACE}" * MAX_KIND_LENGTH
+    for _ in range(1000):
+        pair.client.open_stream(kind, {"n": 1})
+        pair.client.send_message(kind, {"n": 2})
+
+    messages = pair.client.data_to_send()
+
+    assert all(len(m) <= pair.server.limits.message_limit for m in messages)
+    frames = [f for m in messages for f in decode_message(m, pair.server.limits)]
+    assert len(of_type(frames, OpenFrame)) == len(of_type(frames, MessageFrame)) == 1000
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"max_frame_size": MIN_FRAME_SIZE - 1},
+        {"max_frame_size": 16 * 1024 * 1024 + 1},
+        {"max_header_size": 1023},
+        {"max_header_size": 64 * 1024 + 1},
+        {"max_streams": 0},
+        {"initial_window": 0},
+        {"connection_window": 2**31},
+        {"max_send_buffer": 0},
+    ],
+    ids=lambda changes: next(iter(changes)),
+)
+def test_limits_out_of_range_are_refused(changes: dict[str, int]) -> None:
+    with pytest.raises(ValueError, match="invalid limits"):
+        Limits().replace(**changes)
+
+
+def test_a_peer_announcing_invalid_limits_is_refused() -> None:
+    wire = Limits().to_wire()
+    wire["max_frame_size"] = 100
+
+    with pytest.raises(MalformedFrameError, match="max_frame_size"):
+        Limits.from_wire(wire)
+    with pytest.raises(MalformedFrameError, match="integer"):
+        Limits.from_wire({**Limits().to_wire(), "max_streams": "many"})
+    assert Limits.from_wire({**Limits().to_wire(), "future": 1}) == Limits()
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        ("FrameSizeError", ErrorCode.FRAME_SIZE_ERROR),
+        ("FlowControlError", ErrorCode.FLOW_CONTROL_ERROR),
+        ("UnsupportedVersionError", ErrorCode.UNSUPPORTED_VERSION),
+        ("ExcessiveLoadError", ErrorCode.EXCESSIVE_LOAD),
+        ("KeepaliveTimeoutError", ErrorCode.TIMEOUT),
+        ("MalformedFrameError", ErrorCode.PROTOCOL_ERROR),
+        ("HeaderTooLargeError", ErrorCode.HEADER_TOO_LARGE),
+        ("StreamLimitError", ErrorCode.REFUSED_STREAM),
+        ("GoingAwayError", ErrorCode.REFUSED_STREAM),
+        ("StreamStateError", ErrorCode.STREAM_CLOSED),
+        ("SendBufferFullError", ErrorCode.FLOW_CONTROL_ERROR),
+        ("AcknowledgeError", ErrorCode.FLOW_CONTROL_ERROR),
+    ],
+)
+def test_each_error_carries_its_wire_code(error: str, code: ErrorCode) -> None:
+    cls = getattr(protocol_errors, error)
+    assert issubclass(cls, ProtocolError)
+    assert cls("message").code is code
+    assert cls("message", code=ErrorCode.CANCEL).code is ErrorCode.CANCEL

@@ -1,0 +1,170 @@
+"""Liveness: PING/PONG round trips, keepalive from tick(now), handshake timeout."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol import (
+    Connection,
+    ErrorCode,
+    ExcessiveLoadError,
+    Keepalive,
+    KeepaliveTimeoutError,
+    Limits,
+    PongReceived,
+    Side,
+)
+from protocol.connection import MAX_CONTROL_QUEUE, MAX_OUTSTANDING_PINGS
+from protocol.frames import GoAwayFrame, PingFrame, PongFrame
+
+from .pair import Pair, feed, handshaken, of_type, sent_frames
+
+KEEPALIVE = Keepalive(interval=5.0, timeout=3.0)
+
+
+def test_round_trip_time_comes_from_the_now_arguments() -> None:
+    pair = Pair(now=10.0)
+
+    opaque = pair.client.send_ping(10.0)
+    pair.now = 10.1
+    pair.send(pair.client)
+    pair.now = 10.25
+    events = pair.send(pair.server)
+
+    [pong] = events
+    assert isinstance(pong, PongReceived)
+    assert pong.opaque == opaque
+    assert pong.rtt == pytest.approx(0.25)
+    assert pair.client.rtt == pytest.approx(0.25)
+
+
+def test_a_ping_is_answered_with_the_same_opaque_number() -> None:
+    server = handshaken()
+
+    assert feed(server, PingFrame(2**64 - 1)) == []
+    assert sent_frames(server) == [PongFrame(2**64 - 1)]
+
+
+def test_an_unsolicited_pong_is_ignored() -> None:
+    client = handshaken(Side.CLIENT)
+
+    assert feed(client, PongFrame(12345)) == []
+    assert client.rtt is None
+    assert not client.closed
+
+
+def test_only_the_latest_pings_are_remembered() -> None:
+    client = handshaken(Side.CLIENT)
+    opaques = [client.send_ping(float(i)) for i in range(MAX_OUTSTANDING_PINGS + 10)]
+
+    forgotten = feed(client, *(PongFrame(o) for o in opaques[:10]), now=100.0)
+    answered = feed(client, *(PongFrame(o) for o in opaques[10:]), now=100.0)
+
+    assert forgotten == []
+    assert [e.opaque for e in of_type(answered, PongReceived)] == opaques[10:]
+
+
+def test_tick_pings_after_an_interval_of_silence() -> None:
+    client = handshaken(Side.CLIENT, keepalive=KEEPALIVE, now=0.0)
+    client.tick(0.0)
+    assert client.deadline() == 5.0
+
+    client.tick(4.9)
+    assert sent_frames(client) == []
+
+    client.tick(5.0)
+    [ping] = sent_frames(client)
+    assert isinstance(ping, PingFrame)
+    assert client.deadline() == 5.0 + 3.0
+    client.tick(6.0)
+    assert sent_frames(client) == []  # one keepalive PING at a time
+
+
+def test_tick_raises_keepalive_timeout_without_a_pong() -> None:
+    client = handshaken(Side.CLIENT, keepalive=KEEPALIVE, now=0.0)
+    client.tick(5.0)
+    sent_frames(client)
+    client.tick(7.9)
+
+    with pytest.raises(KeepaliveTimeoutError) as error:
+        client.tick(8.0)
+
+    assert error.value.code is ErrorCode.TIMEOUT
+    assert client.closed
+    [goaway] = sent_frames(client)
+    assert isinstance(goaway, GoAwayFrame)
+    assert goaway.code == ErrorCode.TIMEOUT
+    assert client.deadline() is None
+    client.tick(100.0)  # a closed connection has nothing left to time out
+
+
+def test_other_traffic_does_not_stand_in_for_the_pong() -> None:
+    client = handshaken(Side.CLIENT, keepalive=KEEPALIVE, now=0.0)
+    client.tick(5.0)
+    assert [type(f) for f in sent_frames(client)] == [PingFrame]
+    feed(client, PingFrame(1), now=6.0)  # the peer talks, but never answers ours
+
+    with pytest.raises(KeepaliveTimeoutError):
+        client.tick(8.0)
+
+
+def test_a_pong_in_time_keeps_the_connection_alive() -> None:
+    client = handshaken(Side.CLIENT, keepalive=KEEPALIVE, now=0.0)
+    client.tick(5.0)
+    [ping] = sent_frames(client)
+    assert isinstance(ping, PingFrame)
+
+    events = feed(client, PongFrame(ping.opaque), now=7.5)
+
+    assert events == [PongReceived(ping.opaque, 2.5)]
+    client.tick(8.0)
+    client.tick(12.4)
+    assert sent_frames(client) == []
+    assert client.deadline() == 12.5
+    client.tick(12.5)
+    assert [type(f) for f in sent_frames(client)] == [PingFrame]
+    assert not client.closed
+
+
+def test_received_traffic_postpones_the_keepalive_ping() -> None:
+    client = handshaken(Side.CLIENT, keepalive=KEEPALIVE, now=0.0)
+    client.tick(0.0)
+    feed(client, PongFrame(777), now=4.0)
+
+    client.tick(8.9)
+    assert sent_frames(client) == []
+    assert client.deadline() == 9.0
+
+
+def test_handshake_times_out_without_a_hello() -> None:
+    client = Connection(Side.CLIENT, keepalive=KEEPALIVE)
+    sent_frames(client)
+    assert client.deadline() is None  # the clock starts at the first tick
+    client.tick(100.0)
+    assert client.deadline() == 103.0
+    client.tick(102.9)
+
+    with pytest.raises(KeepaliveTimeoutError, match="HELLO") as error:
+        client.tick(103.0)
+
+    assert error.value.code is ErrorCode.TIMEOUT
+    [goaway] = sent_frames(client)
+    assert isinstance(goaway, GoAwayFrame)
+    assert goaway.code == ErrorCode.TIMEOUT
+
+
+def test_a_peer_flooding_pings_is_cut_off() -> None:
+    server = handshaken(limits=Limits())
+
+    with pytest.raises(ExcessiveLoadError) as error:
+        feed(server, *(PingFrame(0) for _ in range(MAX_CONTROL_QUEUE + 1)))
+
+    assert error.value.code is ErrorCode.EXCESSIVE_LOAD
+    [goaway] = sent_frames(server)
+    assert isinstance(goaway, GoAwayFrame)
+    assert goaway.code == ErrorCode.EXCESSIVE_LOAD
+
+
+def test_keepalive_settings_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Keepalive(interval=0)
