@@ -435,6 +435,11 @@ class Connection:
         _check_code(code)
         if self.state is ConnectionState.CLOSED:
             return
+        if code == ErrorCode.NO_ERROR and self._streams:
+            # Streams are aborted here, so the peer must abort its side too:
+            # a NO_ERROR GOAWAY would let it wait for them (docs/protocol.md,
+            # "Shutdown").
+            code = ErrorCode.CANCEL
         self._control.clear()
         self._queue_goaway(code, reason)
         self._end_connection(code, reason)
@@ -631,13 +636,16 @@ class Connection:
             )
         self._highest_remote_id = stream_id
         if self._goaway_sent is not None:
-            self._queue_reset(stream_id, ErrorCode.REFUSED_STREAM, "this side is going away")
+            self._queue_reset(
+                stream_id, ErrorCode.REFUSED_STREAM, "this side is going away", peer_caused=True
+            )
             return
         if self._remote_open >= self.limits.max_streams:
             self._queue_reset(
                 stream_id,
                 ErrorCode.REFUSED_STREAM,
                 f"too many concurrent streams (limit {self.limits.max_streams})",
+                peer_caused=True,
             )
             return
         size = _packed_size(frame.headers)
@@ -646,6 +654,7 @@ class Connection:
                 stream_id,
                 ErrorCode.HEADER_TOO_LARGE,
                 f"headers of {size} bytes exceed {self.limits.max_header_size}",
+                peer_caused=True,
             )
             return
         assert self.peer_limits is not None
@@ -718,7 +727,9 @@ class Connection:
         events.append(GoAwayReceived(last, frame.code, frame.reason))
         if frame.code != ErrorCode.NO_ERROR:
             for stream in list(self._streams.values()):
-                events.append(StreamReset(stream.id, frame.code, frame.reason, remote=True))
+                # Above ``last`` the peer never saw the stream: safe to retry.
+                code = ErrorCode.REFUSED_STREAM if stream.local and stream.id > last else frame.code
+                events.append(StreamReset(stream.id, code, frame.reason, remote=True))
             self._end_connection(frame.code, frame.reason or describe_code(frame.code))
             return
         # Streams this side opened above ``last`` were never seen: refused,
@@ -809,7 +820,12 @@ class Connection:
             )
         return stream
 
-    def _queue_reset(self, stream_id: int, code: int, reason: str) -> None:
+    def _queue_reset(
+        self, stream_id: int, code: int, reason: str, *, peer_caused: bool = False
+    ) -> None:
+        if peer_caused and len(self._control) >= MAX_CONTROL_QUEUE:
+            # A peer that makes this side answer faster than it reads.
+            raise ExcessiveLoadError("the peer causes RESETs faster than it reads them")
         reason = _short(reason)
         self._control.append((ResetFrame(stream_id, code, reason), 32 + 4 * len(reason)))
 
@@ -835,7 +851,7 @@ class Connection:
     def _reset_for_violation(
         self, stream: Stream, code: ErrorCode, reason: str, events: list[Event]
     ) -> None:
-        self._queue_reset(stream.id, code, reason)
+        self._queue_reset(stream.id, code, reason, peer_caused=True)
         self._finish(stream, StreamState.RESET)
         events.append(StreamReset(stream.id, code, reason, remote=False))
 

@@ -368,6 +368,8 @@ def _hello_from_wire(item: list[Any]) -> HelloFrame:
     info = body.get("info", {})
     if type(info) is not dict:
         raise MalformedFrameError("HELLO info must be a map")
+    if len(msgpack.packb(info)) > MAX_INFO_SIZE:
+        raise MalformedFrameError(f"HELLO info is larger than {MAX_INFO_SIZE} bytes")
     return HelloFrame(
         versions[0],
         versions[1],

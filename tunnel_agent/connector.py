@@ -55,6 +55,7 @@ __all__ = ["Agent"]
 logger = logging.getLogger(__name__)
 
 StreamHandler = Callable[[MuxStream], Awaitable[None]]
+MessageHandler = Callable[[str, dict[str, Any]], None]
 
 #: How long the agent waits for the server to answer a renewal request.
 RENEWAL_ANSWER_TIMEOUT = 60.0
@@ -69,11 +70,17 @@ class Agent:
         store: CredentialStore,
         *,
         on_stream: StreamHandler | None = None,
+        on_message: MessageHandler | None = None,
+        on_connected: Callable[[Session], None] | None = None,
+        on_disconnected: Callable[[], None] | None = None,
         backoff: Backoff | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.on_stream = on_stream
+        self.on_message = on_message
+        self.on_connected = on_connected
+        self.on_disconnected = on_disconnected
         connect = settings.connect
         self.backoff = backoff or Backoff(
             base=connect.backoff_base, cap=connect.backoff_cap, stable_after=connect.stable_after
@@ -258,6 +265,8 @@ class Agent:
             self.last_error = None
             logger.info("connected to %s", settings.server_url, extra={"cluster": settings.cluster})
             renewer = asyncio.create_task(self._renew_when_due(session, credentials))
+            if self.on_connected is not None:
+                self.on_connected(session)
             await asyncio.shield(run)
             logger.warning(
                 "disconnected: %s", session.close_reason, extra={"cluster": settings.cluster}
@@ -265,6 +274,8 @@ class Agent:
         finally:
             self.connected.clear()
             self.session = None
+            if self.on_disconnected is not None:
+                self.on_disconnected()
             if renewer is not None:
                 renewer.cancel()
                 await asyncio.gather(renewer, return_exceptions=True)
@@ -356,6 +367,10 @@ class Agent:
         return renewed
 
     def _on_message(self, kind: str, body: dict[str, Any]) -> None:
+        if kind not in (kinds.MESSAGE_CERT_ISSUED, kinds.MESSAGE_CERT_REFUSED):
+            if self.on_message is not None:
+                self.on_message(kind, body)
+            return
         future = self._renewal
         if future is None or future.done():
             return

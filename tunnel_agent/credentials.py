@@ -27,6 +27,7 @@ __all__ = [
 ]
 
 _KEY, _CERT, _CA, _CLUSTER = "tls.key", "tls.crt", "ca.crt", "cluster"
+_JOURNAL = "commands.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,10 @@ class CredentialStore(Protocol):
 
     async def save(self, credentials: Credentials) -> None: ...
 
+    async def load_journal(self) -> bytes | None: ...
+
+    async def save_journal(self, data: bytes) -> None: ...
+
 
 class DirectoryCredentialStore:
     """Credentials as files in a directory (outside a cluster); the key is mode 0600."""
@@ -102,6 +107,21 @@ class DirectoryCredentialStore:
 
     async def save(self, credentials: Credentials) -> None:
         await asyncio.to_thread(self._save, credentials)
+
+    async def load_journal(self) -> bytes | None:
+        path = self.directory / _JOURNAL
+        try:
+            return await asyncio.to_thread(path.read_bytes) if path.exists() else None
+        except OSError as exc:
+            raise CredentialsError(f"cannot read {path}: {exc.strerror}") from exc
+
+    async def save_journal(self, data: bytes) -> None:
+        path = self.directory / _JOURNAL
+        try:
+            await asyncio.to_thread(self.directory.mkdir, parents=True, exist_ok=True, mode=0o700)
+            await asyncio.to_thread(write_private_file, path, data)
+        except OSError as exc:
+            raise CredentialsError(f"cannot write {path}: {exc.strerror}") from exc
 
     def _load(self) -> Credentials | None:
         if not (self.directory / _CERT).exists():
@@ -139,51 +159,66 @@ class SecretCredentialStore:
         return f"secret {self.namespace}/{self.name}"
 
     async def load(self) -> Credentials | None:
+        files = await self._read(self.name)
+        return None if files is None else Credentials.from_files(files, self.description)
+
+    async def load_journal(self) -> bytes | None:
+        files = await self._read(self.journal_name)
+        return None if files is None else files.get(_JOURNAL)
+
+    async def save_journal(self, data: bytes) -> None:
+        await self._write(self.journal_name, {_JOURNAL: data})
+
+    @property
+    def journal_name(self) -> str:
+        return f"{self.name}-commands"
+
+    async def _read(self, name: str) -> dict[str, bytes] | None:
         from kubernetes_asyncio import client
 
         api = client.CoreV1Api(self._api_client)
         try:
-            secret = await api.read_namespaced_secret(self.name, self.namespace)
+            secret = await api.read_namespaced_secret(name, self.namespace)
         except client.exceptions.ApiException as exc:
             if exc.status == 404:
                 return None
-            raise CredentialsError(f"cannot read {self.description}: HTTP {exc.status}") from exc
+            raise CredentialsError(
+                f"cannot read secret {self.namespace}/{name}: HTTP {exc.status}"
+            ) from exc
         except OSError as exc:
             raise CredentialsError(f"cannot reach the Kubernetes API: {exc}") from exc
-        data = secret.data or {}
         try:
-            files = {key: base64.b64decode(value) for key, value in data.items()}
+            return {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
         except ValueError as exc:
-            raise CredentialsError(f"{self.description} holds invalid base64") from exc
-        return Credentials.from_files(files, self.description)
+            raise CredentialsError(f"secret {self.namespace}/{name} holds invalid base64") from exc
 
-    async def save(self, credentials: Credentials) -> None:
+    async def _write(self, name: str, files: dict[str, bytes]) -> None:
         from kubernetes_asyncio import client
 
         api = client.CoreV1Api(self._api_client)
         body = client.V1Secret(
             metadata=client.V1ObjectMeta(
-                name=self.name,
+                name=name,
                 namespace=self.namespace,
                 labels={"app.kubernetes.io/name": "tunnel-agent"},
             ),
             type="Opaque",
-            data={
-                key: base64.b64encode(value).decode()
-                for key, value in credentials.as_files().items()
-            },
+            data={key: base64.b64encode(value).decode() for key, value in files.items()},
         )
         try:
             try:
-                await api.replace_namespaced_secret(self.name, self.namespace, body)
+                await api.replace_namespaced_secret(name, self.namespace, body)
             except client.exceptions.ApiException as exc:
                 if exc.status != 404:
                     raise
                 await api.create_namespaced_secret(self.namespace, body)
         except client.exceptions.ApiException as exc:
             raise CredentialsError(
-                f"cannot write {self.description}: HTTP {exc.status}; "
+                f"cannot write secret {self.namespace}/{name}: HTTP {exc.status}; "
                 "the agent's Role must allow create, update on it"
             ) from exc
         except OSError as exc:
             raise CredentialsError(f"cannot reach the Kubernetes API: {exc}") from exc
+
+    async def save(self, credentials: Credentials) -> None:
+        await self._write(self.name, credentials.as_files())

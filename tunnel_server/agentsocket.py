@@ -12,12 +12,13 @@ import asyncio
 import logging
 import random
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from protocol import Connection, Side, kinds
-from tunnel_mux import Session, SessionClosedError, SessionHandlers, WebSocketTransport
+from protocol import Connection, ErrorCode, Side, kinds
+from tunnel_mux import MuxStream, Session, SessionClosedError, SessionHandlers, WebSocketTransport
 from tunnel_pki.errors import PkiError
 from tunnel_pki.identity import ClientIdentity, verify_client_certificate
 
@@ -108,7 +109,10 @@ async def agent_socket(request: web.Request) -> web.StreamResponse:
                 keepalive=settings.keepalive,
                 info={kinds.INFO_SERVER_VERSION: __version__},
             ),
-            handlers=SessionHandlers(on_message=renewals.on_message),
+            handlers=SessionHandlers(
+                on_stream=_reports_of(context, identity.cluster),
+                on_message=renewals.on_message,
+            ),
             label=f"cluster={identity.cluster}",
         )
         renewals.session = session
@@ -130,6 +134,7 @@ async def agent_socket(request: web.Request) -> web.StreamResponse:
         connected_since=utcnow(),
     )
     context.registry.attach(agent)
+    context.commands.kick(identity.cluster)  # deliver what waited for this agent
     log = {"cluster": identity.cluster, "remote": request.remote}
     logger.info("agent connected (version %s)", agent.agent_version, extra=log)
     await _record(context, agent, connected=True)
@@ -146,6 +151,18 @@ async def agent_socket(request: web.Request) -> web.StreamResponse:
 def setup_agent_socket(app: web.Application) -> None:
     app[_ADMISSION] = _Admission()
     app.router.add_get(AGENT_SOCKET_PATH, agent_socket)
+
+
+def _reports_of(context: ServerContext, cluster: str) -> Callable[[MuxStream], Awaitable[None]]:
+    """The handler of streams the agent opens: command reports only."""
+
+    async def on_stream(stream: MuxStream) -> None:
+        if stream.kind != kinds.STREAM_COMMAND_REPORT:
+            stream.reset(ErrorCode.REFUSED_STREAM, f"the server takes no {stream.kind} streams")
+            return
+        await context.commands.handle_report(cluster, stream)
+
+    return on_stream
 
 
 def _claim(info: dict[str, Any], key: str) -> str | None:

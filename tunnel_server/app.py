@@ -17,6 +17,7 @@ from .api import setup_api
 from .api_users import setup_user_api
 from .audit import AuditWriter
 from .bootstrap import BOOTSTRAP_PATH, bootstrap
+from .commands import CommandDispatcher, setup_command_api
 from .config import ServerSettings
 from .context import CONTEXT, ServerContext, utcnow
 from .errors import ApiError, ConflictError, NotFoundApiError, UnavailableError
@@ -44,6 +45,7 @@ def create_app(settings: ServerSettings, identity: ServerIdentity) -> web.Applic
     setup_api(app)
     setup_user_api(app)
     setup_kube_proxy(app)
+    setup_command_api(app)
     app.on_shutdown.append(_shutdown)
     return app
 
@@ -56,19 +58,23 @@ def _lifecycle(
         try:
             await ensure_admin(store, settings.state_dir, utcnow())
             audit = AuditWriter(store)
+            registry = AgentRegistry(settings.tunnel.replace_grace)
+            commands = CommandDispatcher(store, registry, audit, settings.commands)
             context = ServerContext(
                 settings=settings,
                 identity=identity,
                 store=store,
-                registry=AgentRegistry(settings.tunnel.replace_grace),
+                registry=registry,
                 access=AccessCache(store),
                 audit=audit,
+                commands=commands,
                 revoked=await store.revoked_serials(),
             )
             app[CONTEXT] = context
             async for _ in audit.run():
-                yield
-                await context.registry.close(grace=0)
+                async for _ in commands.run():
+                    yield
+                    await context.registry.close(grace=0)
         finally:
             await store.close()
 

@@ -12,6 +12,7 @@ from protocol import Keepalive, Limits
 from .errors import ConfigError
 
 __all__ = [
+    "CommandSettings",
     "IdentitySettings",
     "ListenSettings",
     "ServerSettings",
@@ -87,11 +88,26 @@ class TunnelSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class CommandSettings:
+    """Timing and bounds of command delivery."""
+
+    #: How long an agent holds a command without news before it counts as lost.
+    lease: float = 30.0
+    #: How often leases are checked.
+    reap_interval: float = 1.0
+    #: How long an agent has to accept or refuse an offer.
+    offer_timeout: float = 10.0
+    #: Bytes of log kept per command.
+    log_cap: int = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
 class ServerSettings:
     state_dir: Path
     listen: ListenSettings = field(default_factory=ListenSettings)
     tls: TlsSettings = field(default_factory=TlsSettings)
     identity: IdentitySettings = field(default_factory=IdentitySettings)
     tunnel: TunnelSettings = field(default_factory=TunnelSettings)
+    commands: CommandSettings = field(default_factory=CommandSettings)
     #: The agent image the install manifest names.
     agent_image: str = "ghcr.io/example/tunnel-agent:0.1.0"

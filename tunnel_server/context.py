@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -13,6 +14,9 @@ from .config import ServerSettings
 from .registry import AgentRegistry
 from .statedir import ServerIdentity
 from .store.base import Store
+
+if TYPE_CHECKING:
+    from .commands.dispatcher import CommandDispatcher
 
 __all__ = ["CONTEXT", "ServerContext", "utcnow"]
 
@@ -29,6 +33,7 @@ class ServerContext:
     registry: AgentRegistry
     access: AccessCache
     audit: AuditWriter
+    commands: CommandDispatcher
     #: Serials of revoked client certificates, loaded at start, kept current.
     revoked: set[int] = field(default_factory=set)
 

@@ -157,13 +157,16 @@ async def running_agent(
     *,
     on_stream: StreamHandler | None = None,
     backoff: Backoff | None = None,
+    **hooks: Any,
 ) -> AsyncIterator[RunningAgent]:
+    """Run an agent (``hooks``: on_message, on_connected, on_disconnected)."""
     assert settings.credentials_dir is not None
     agent = Agent(
         settings,
         DirectoryCredentialStore(settings.credentials_dir),
         on_stream=on_stream,
         backoff=backoff,
+        **hooks,
     )
     running = RunningAgent(agent, asyncio.create_task(agent.run()))
     try:

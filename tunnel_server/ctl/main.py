@@ -14,6 +14,7 @@ from tunnel_pki.tls import client_context
 
 from .. import __version__
 from . import access, clusters
+from . import commands as commands_module
 from .client import ApiClient, CtlError
 from .common import Command
 
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     clusters.register(commands)
     access.register(commands)
+    commands_module.register(commands)
     return parser
 
 

@@ -37,6 +37,8 @@ from typing import Any, Literal
 
 from protocol.errors import TunnelError
 
+from .commands import CommandStore
+
 __all__ = [
     "AUDIT_KINDS",
     "MAX_AUDIT_LIMIT",
@@ -280,7 +282,7 @@ class TokenClusterMismatchError(BootstrapTokenError):
 # --- The interface ------------------------------------------------------------
 
 
-class Store(abc.ABC):
+class Store(CommandStore):
     """The server's persistent state, safe to share among the server's tasks.
 
     Implementations open with an async class method of their own (for instance

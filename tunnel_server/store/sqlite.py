@@ -19,8 +19,9 @@ import stat
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from . import sqlite_commands as cmd_ops
 from . import sqlite_ops as ops
 from . import sqlite_schema
 from .base import (
@@ -39,6 +40,7 @@ from .base import (
     StoreError,
     User,
 )
+from .commands import CommandLogLine, CommandRecord, CommandState, LapsedLease, NewCommand
 
 __all__ = ["SqliteStore"]
 
@@ -233,6 +235,66 @@ class SqliteStore(Store):
         await self._run(ops.delete_grant, user, cluster)
 
     # --- audit ---
+
+    # --- commands ---
+
+    async def add_command(self, command: NewCommand, now: datetime) -> tuple[CommandRecord, bool]:
+        return await self._run(cmd_ops.add_command, command, now)
+
+    async def get_command(self, command_id: str) -> CommandRecord:
+        return await self._run(cmd_ops.get_command, command_id)
+
+    async def list_commands(
+        self, cluster: str | None = None, state: str | None = None, limit: int = 100
+    ) -> list[CommandRecord]:
+        return await self._run(cmd_ops.list_commands, cluster, state, limit)
+
+    async def pending_commands(self, cluster: str, limit: int = 100) -> list[CommandRecord]:
+        return await self._run(cmd_ops.pending_commands, cluster, limit)
+
+    async def mark_delivered(
+        self, command_id: str, attempt: int, now: datetime, lease_until: datetime
+    ) -> CommandRecord | None:
+        return await self._run(cmd_ops.mark_delivered, command_id, attempt, now, lease_until)
+
+    async def mark_running(
+        self, command_id: str, attempt: int, now: datetime, lease_until: datetime
+    ) -> CommandRecord | None:
+        return await self._run(cmd_ops.mark_running, command_id, attempt, now, lease_until)
+
+    async def extend_lease(self, command_id: str, attempt: int, lease_until: datetime) -> bool:
+        return await self._run(cmd_ops.extend_lease, command_id, attempt, lease_until)
+
+    async def finish_command(
+        self,
+        command_id: str,
+        attempt: int,
+        state: CommandState,
+        result: dict[str, Any] | None,
+        error: str | None,
+        now: datetime,
+    ) -> CommandRecord | None:
+        return await self._run(
+            cmd_ops.finish_command, command_id, attempt, state, result, error, now
+        )
+
+    async def request_cancel(self, command_id: str, now: datetime) -> CommandRecord:
+        return await self._run(cmd_ops.request_cancel, command_id, now)
+
+    async def lapse_leases(self, now: datetime) -> list[LapsedLease]:
+        return await self._run(cmd_ops.lapse_leases, now)
+
+    async def append_command_log(
+        self, command_id: str, attempt: int, lines: Sequence[str], now: datetime, cap: int
+    ) -> int:
+        return await self._run(
+            cmd_ops.append_command_log, command_id, attempt, list(lines), now, cap
+        )
+
+    async def command_log(
+        self, command_id: str, after: int = 0, limit: int = 1000
+    ) -> list[CommandLogLine]:
+        return await self._run(cmd_ops.command_log, command_id, after, limit)
 
     async def add_audit(self, event: AuditEvent) -> AuditEvent:
         return await self._run(ops.add_audit, event)

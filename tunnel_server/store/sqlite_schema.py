@@ -135,6 +135,55 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX audit_user_time ON audit (user_name, time, id)",
         ),
     ),
+    Migration(
+        version=2,
+        description="the command queue and command logs",
+        statements=(
+            """
+            CREATE TABLE commands (
+                id               TEXT PRIMARY KEY,
+                cluster          TEXT NOT NULL,
+                submitter        TEXT NOT NULL,
+                type             TEXT NOT NULL,
+                name             TEXT NOT NULL,
+                spec             TEXT NOT NULL,
+                state            TEXT NOT NULL,
+                attempt          INTEGER NOT NULL,
+                max_attempts     INTEGER NOT NULL,
+                timeout_seconds  REAL NOT NULL,
+                idempotency_key  TEXT,
+                created_at       TEXT NOT NULL,
+                updated_at       TEXT NOT NULL,
+                delivered_at     TEXT,
+                started_at       TEXT,
+                finished_at      TEXT,
+                lease_expires_at TEXT,
+                cancel_requested INTEGER NOT NULL DEFAULT 0,
+                result           TEXT,
+                error            TEXT,
+                log_bytes        INTEGER NOT NULL DEFAULT 0,
+                log_truncated    INTEGER NOT NULL DEFAULT 0
+            )
+            """,
+            "CREATE INDEX commands_cluster_state ON commands (cluster, state, created_at)",
+            "CREATE INDEX commands_created ON commands (created_at)",
+            "CREATE INDEX commands_lease ON commands (state, lease_expires_at)",
+            """
+            CREATE UNIQUE INDEX commands_idempotency
+                ON commands (cluster, idempotency_key) WHERE idempotency_key IS NOT NULL
+            """,
+            """
+            CREATE TABLE command_logs (
+                seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+                command_id TEXT NOT NULL REFERENCES commands (id) ON DELETE CASCADE,
+                attempt    INTEGER NOT NULL,
+                time       TEXT NOT NULL,
+                text       TEXT NOT NULL
+            )
+            """,
+            "CREATE INDEX command_logs_command ON command_logs (command_id, seq)",
+        ),
+    ),
 )
 """Every migration, in order; ``MIGRATIONS[i].version == i + 1``."""
 

@@ -1,0 +1,229 @@
+"""Command delivery over the socket: durable queue, leases, attempts, cancellation."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tunnel_pki.tls import client_context
+from tunnel_server.config import CommandSettings
+
+from .commands_support import Script, command, command_agent
+from .harness import RunningServer, agent_settings, running_server, server_settings
+
+
+async def submit(server: RunningServer, spec: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    status, answer = await server.api(
+        "POST", "/api/v1/clusters/prod-eu/commands", {"spec": spec, **extra}
+    )
+    assert status in (200, 201), answer
+    result: dict[str, Any] = answer
+    return result
+
+
+async def until_state(server: RunningServer, command_id: str, *states: str) -> dict[str, Any]:
+    """Wait (on the dispatcher's change signal, not a clock) for one of ``states``."""
+    while True:
+        status, answer = await server.api("GET", f"/api/v1/commands/{command_id}")
+        assert status == 200
+        if answer["state"] in states:
+            result: dict[str, Any] = answer
+            return result
+        await server.context.commands.wait_change(command_id, patience=1.0)
+
+
+def quick_leases(state: Path) -> Any:
+    settings = server_settings(state)
+    return dataclasses.replace(settings, commands=CommandSettings(lease=1.0, reap_interval=0.05))
+
+
+async def test_command_runs_once_with_logs_and_result(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    token = await server.add_cluster("prod-eu")
+    script = Script()
+    settings = agent_settings(server, "prod-eu", token, tmp_path / "creds")
+    async with command_agent(settings, script) as (agent, _):
+        await agent.wait_connected()
+        created = await submit(server, command("ok-web"))
+        assert created["state"] in ("pending", "delivered", "running", "succeeded")
+        done = await until_state(server, created["id"], "succeeded", "failed")
+    assert done["state"] == "succeeded"
+    assert done["attempt"] == 1
+    assert done["result"] == {"summary": {"steps": 3}, "outputs": ["answer"]}
+    assert script.runs == [(created["id"], 1)]
+    lines = await log_lines(server, created["id"])
+    assert lines == ["ok-web: step 0", "ok-web: step 1", "ok-web: step 2"]
+
+
+async def log_lines(server: RunningServer, command_id: str) -> list[str]:
+    assert server._http is not None
+    async with server._http.get(
+        f"{server.url}/api/v1/commands/{command_id}/logs",
+        headers={"Authorization": f"Bearer {server.admin_token}"},
+        ssl=client_context(server.ca_pem),
+    ) as response:
+        records = [json.loads(line) for line in (await response.text()).splitlines()]
+    return [record["text"] for record in records if "text" in record]
+
+
+async def test_command_submitted_while_disconnected_runs_after_connect_exactly_once(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    token = await server.add_cluster("prod-eu")
+    created = await submit(server, command("ok-late"))
+    assert created["state"] == "pending"
+    script = Script()
+    async with command_agent(agent_settings(server, "prod-eu", token, tmp_path / "c"), script):
+        done = await until_state(server, created["id"], "succeeded")
+    assert done["attempt"] == 1
+    assert script.runs == [(created["id"], 1)]
+
+
+async def test_idempotency_key_returns_the_existing_command(server: RunningServer) -> None:
+    await server.add_cluster("prod-eu")
+    first = await submit(server, command("ok-a"), idempotency_key="deploy-42")
+    again = await submit(server, command("ok-a"), idempotency_key="deploy-42")
+    assert again["id"] == first["id"]
+    _, listed = await server.api("GET", "/api/v1/commands?cluster=prod-eu")
+    assert [c["id"] for c in listed] == [first["id"]]
+
+
+async def test_invalid_spec_is_refused_naming_the_field(server: RunningServer) -> None:
+    await server.add_cluster("prod-eu")
+    spec = command("ok-x")
+    spec["type"] = "teleport"
+    status, answer = await server.api("POST", "/api/v1/clusters/prod-eu/commands", {"spec": spec})
+    assert status == 400
+    assert "type" in answer["error"]["message"]
+    del spec["type"]
+    status, answer = await server.api("POST", "/api/v1/clusters/prod-eu/commands", {"spec": spec})
+    assert status == 400
+
+
+async def test_dispatch_needs_a_commands_grant(server: RunningServer) -> None:
+    await server.add_cluster("prod-eu")
+    status, alice = await server.api("POST", "/api/v1/users", {"name": "alice"})
+    assert status == 201
+    await server.api("PUT", "/api/v1/grants/alice/prod-eu", {})
+    path = "/api/v1/clusters/prod-eu/commands"
+    status, answer = await server.api("POST", path, {"spec": command("ok-a")}, token=alice["token"])
+    assert status == 403
+    assert "--commands" in answer["error"]["message"]
+    await server.api("PUT", "/api/v1/grants/alice/prod-eu", {"commands": True})
+    status, answer = await server.api("POST", path, {"spec": command("ok-a")}, token=alice["token"])
+    assert status == 201
+    status, events = await server.api("GET", "/api/v1/audit?kind=command")
+    assert any(e["user"] == "alice" and e["verb"] == "submit" for e in events)
+
+
+async def test_cancel_stops_a_running_command(server: RunningServer, tmp_path: Path) -> None:
+    token = await server.add_cluster("prod-eu")
+    script = Script()
+    async with command_agent(agent_settings(server, "prod-eu", token, tmp_path / "c"), script):
+        created = await submit(server, command("hang-forever"))
+        await script.started.get()
+        await until_state(server, created["id"], "running")
+        status, _ = await server.api("POST", f"/api/v1/commands/{created['id']}/cancel")
+        assert status == 200
+        done = await until_state(server, created["id"], "cancelled")
+    assert script.cancelled == [created["id"]]
+    assert "stopped" in done["error"]
+
+
+async def test_timeout_stops_the_command(server: RunningServer, tmp_path: Path) -> None:
+    token = await server.add_cluster("prod-eu")
+    script = Script()
+    async with command_agent(agent_settings(server, "prod-eu", token, tmp_path / "c"), script):
+        created = await submit(server, command("hang-slow", timeout="1s"))
+        done = await until_state(server, created["id"], "timed_out")
+    assert script.cancelled == [created["id"]]
+    assert "timeout" in done["error"]
+
+
+async def test_pending_command_is_cancelled_without_delivery(server: RunningServer) -> None:
+    await server.add_cluster("prod-eu")
+    created = await submit(server, command("ok-never"))
+    status, answer = await server.api("POST", f"/api/v1/commands/{created['id']}/cancel")
+    assert status == 200
+    assert answer["state"] == "cancelled"
+
+
+async def test_result_survives_a_server_restart_during_the_run(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    script = Script()
+    async with running_server(server_settings(state)) as server:
+        port = server.port
+        token = await server.add_cluster("prod-eu")
+        settings = agent_settings(server, "prod-eu", token, tmp_path / "creds")
+        async with command_agent(settings, script):
+            created = await submit(server, command("gate-across-restart"))
+            await script.started.get()
+            await until_state(server, created["id"], "running")
+            await server.stop()
+            # The command finishes while the server is down; the agent keeps
+            # its result until a server acknowledges it.
+            script.gate.set()
+            async with running_server(server_settings(state, port=port)) as restarted:
+                done = await until_state(restarted, created["id"], "succeeded")
+    assert done["attempt"] == 1
+    assert script.runs == [(created["id"], 1)]
+
+
+@pytest.mark.parametrize(("attempts", "final"), [(2, "succeeded"), (1, "lost")])
+async def test_lost_agent_lapses_the_lease_and_the_retry_policy_applies(
+    tmp_path: Path, attempts: int, final: str
+) -> None:
+    async with running_server(quick_leases(tmp_path / "state")) as server:
+        token = await server.add_cluster("prod-eu")
+        settings = agent_settings(server, "prod-eu", token, tmp_path / "creds")
+        first = Script()
+        async with command_agent(settings, first):
+            created = await submit(server, command("gate-retry", attempts=attempts))
+            await first.started.get()
+        # The agent is gone mid-run; a replacement agent of the cluster comes up.
+        second = Script()
+        second.gate.set()
+        replacement = dataclasses.replace(settings, bootstrap_token=None)
+        async with command_agent(replacement, second):
+            done = await until_state(server, created["id"], "succeeded", "lost")
+    assert done["state"] == final
+    if final == "succeeded":
+        assert done["attempt"] == 2
+        assert second.runs == [(created["id"], 2)]
+    else:
+        assert "lost" in done["error"]
+        assert second.runs == []
+
+
+async def test_same_attempt_is_never_run_twice(server: RunningServer, tmp_path: Path) -> None:
+    token = await server.add_cluster("prod-eu")
+    script = Script()
+    async with command_agent(agent_settings(server, "prod-eu", token, tmp_path / "c"), script) as (
+        agent,
+        runner,
+    ):
+        await agent.wait_connected()
+        offer = {"id": "a1b2", "attempt": 1, "type": "query", "name": "ok-dup"}
+        body = {"spec": command("ok-dup"), "timeout_seconds": 60}
+        assert runner._accept(offer, body) == {"accepted": True}
+        assert runner._accept(offer, body) == {"accepted": False, "reason": "duplicate"}
+        assert runner._accept({**offer, "attempt": 2}, body) == {"accepted": True}
+
+
+async def test_many_commands_run_in_order_within_the_concurrency_limit(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    token = await server.add_cluster("prod-eu")
+    script = Script()
+    async with command_agent(
+        agent_settings(server, "prod-eu", token, tmp_path / "c"), script, concurrency=1
+    ):
+        created = [await submit(server, command(f"ok-{n}")) for n in range(20)]
+        for item in created:
+            await until_state(server, item["id"], "succeeded")
+    assert [run[0] for run in script.runs] == [item["id"] for item in created]

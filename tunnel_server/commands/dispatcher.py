@@ -1,0 +1,356 @@
+"""Delivering commands to agents: offers, leases, reports, cancellation.
+
+Each cluster has one dispatch loop. It wakes when a command is submitted,
+when the cluster's agent connects, and when a command finishes (a slot
+frees). It offers pending commands in order, each on a ``command`` stream; an
+accepted offer becomes a delivery under a lease. The agent reports on its own
+``command.report`` streams: start, log lines, heartbeats, and the result,
+which the server acknowledges only once it is stored. A lease that lapses
+(the agent is gone) requeues the command while attempts remain, else marks
+it lost; a report from any other attempt is refused as stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from protocol import kinds
+from protocol.errors import LocalProtocolError, MalformedFrameError
+from protocol.records import RecordReader, encode_record
+from tunnel_mux import MuxStream, SessionError
+
+from ..audit import AuditWriter
+from ..config import CommandSettings
+from ..context import utcnow
+from ..registry import AgentConnection, AgentRegistry
+from ..store.base import AuditEvent, NotFoundError, Store
+from ..store.commands import CommandRecord, NewCommand
+
+__all__ = ["CommandDispatcher"]
+
+logger = logging.getLogger(__name__)
+
+_OUTCOMES = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
+_MAX_LOG_LINES = 1000
+_MAX_LINE = 16 * 1024
+
+
+class CommandDispatcher:
+    """Owns the dispatch loops, the lease reaper and the followers' wake-ups."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: AgentRegistry,
+        audit: AuditWriter,
+        settings: CommandSettings | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.audit = audit
+        self.settings = settings or CommandSettings()
+        self._kicks: dict[str, asyncio.Event] = {}
+        self._loops: dict[str, asyncio.Task[None]] = {}
+        self._changes: dict[str, asyncio.Event] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------- lifecycle
+
+    async def run(self) -> AsyncIterator[None]:
+        """An aiohttp cleanup context: dispatch while the app runs."""
+        self._reaper = asyncio.create_task(self._reap_forever(), name="lease reaper")
+        try:
+            yield
+        finally:
+            tasks = [self._reaper, *self._loops.values()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------ operations
+
+    async def submit(
+        self,
+        cluster: str,
+        submitter: str,
+        spec: dict[str, Any],
+        facts: tuple[str, str, float, int],
+        idempotency_key: str | None,
+    ) -> tuple[CommandRecord, bool]:
+        """Store a command durably, then push it if the agent is connected."""
+        kind, name, timeout, max_attempts = facts
+        record, created = await self.store.add_command(
+            NewCommand(
+                id=str(uuid.uuid4()),
+                cluster=cluster,
+                submitter=submitter,
+                type=kind,
+                name=name,
+                spec=spec,
+                max_attempts=max_attempts,
+                timeout_seconds=timeout,
+                idempotency_key=idempotency_key,
+            ),
+            utcnow(),
+        )
+        if created:
+            await self._audit(record, "submit", submitter)
+            self.kick(cluster)
+        return record, created
+
+    async def cancel(self, command_id: str, user: str) -> CommandRecord:
+        """Cancel a command: at once if pending, else by telling its agent."""
+        record = await self.store.request_cancel(command_id, utcnow())
+        await self._audit(record, "cancel", user)
+        self._changed(record.id)
+        if record.state in ("delivered", "running"):
+            self._send_cancel(record)
+        return record
+
+    def kick(self, cluster: str) -> None:
+        """Wake the cluster's dispatch loop (starting it if needed)."""
+        event = self._kicks.get(cluster)
+        if event is None:
+            event = self._kicks[cluster] = asyncio.Event()
+            self._loops[cluster] = asyncio.create_task(
+                self._dispatch_forever(cluster, event), name=f"dispatch {cluster}"
+            )
+        event.set()
+
+    async def wait_change(self, command_id: str, patience: float) -> None:
+        """Wait until the command changes (state or log), or ``patience`` seconds pass."""
+        event = self._changes.setdefault(command_id, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), patience)
+
+    # -------------------------------------------------------------- dispatch
+
+    async def _dispatch_forever(self, cluster: str, kick: asyncio.Event) -> None:
+        while True:
+            await kick.wait()
+            kick.clear()
+            try:
+                await self._dispatch_pending(cluster)
+            except Exception:
+                # A store or logic failure must not end the loop for good;
+                # the next kick (submission, reconnect, result) retries.
+                logger.exception("dispatch failed", extra={"cluster": cluster})
+
+    async def _dispatch_pending(self, cluster: str) -> None:
+        while True:
+            agent = self.registry.get(cluster)
+            if agent is None:
+                return
+            pending = await self.store.pending_commands(cluster, limit=64)
+            if not pending:
+                return
+            for record in pending:
+                if not await self._offer(agent, record):
+                    return  # busy or gone: a later kick resumes
+
+    async def _offer(self, agent: AgentConnection, record: CommandRecord) -> bool:
+        """Offer one command; False when the agent cannot take more now."""
+        attempt = record.attempt + 1
+        headers = {"id": record.id, "attempt": attempt, "type": record.type, "name": record.name}
+        try:
+            stream = agent.session.open_stream(kinds.STREAM_COMMAND, headers)
+        except (LocalProtocolError, SessionError):
+            return False
+        try:
+            await stream.write(
+                encode_record({"spec": record.spec, "timeout_seconds": record.timeout_seconds})
+            )
+            stream.end()
+            answer = await asyncio.wait_for(_first_record(stream), self.settings.offer_timeout)
+        except (SessionError, MalformedFrameError, TimeoutError) as exc:
+            logger.warning(
+                "offer of %s failed: %s", record.id, exc, extra={"cluster": agent.cluster}
+            )
+            stream.reset()
+            return False
+        now = utcnow()
+        lease = now + timedelta(seconds=self.settings.lease)
+        reason = str(answer.get("reason", ""))[:500]
+        if answer.get("accepted") is True or reason == "duplicate":
+            delivered = await self.store.mark_delivered(record.id, attempt, now, lease)
+            if delivered is not None:
+                self._changed(record.id)
+                if delivered.cancel_requested:
+                    self._send_cancel(delivered)
+            return True
+        if reason == "busy":
+            return False
+        # The agent refused the spec itself: the command fails, with its reason.
+        delivered = await self.store.mark_delivered(record.id, attempt, now, lease)
+        if delivered is not None:
+            finished = await self.store.finish_command(
+                record.id, attempt, "failed", None, f"the agent refused the command: {reason}", now
+            )
+            if finished is not None:
+                await self._audit(finished, "finish", finished.submitter)
+        self._changed(record.id)
+        return True
+
+    # --------------------------------------------------------------- reports
+
+    async def handle_report(self, cluster: str, stream: MuxStream) -> None:
+        """Serve one ``command.report`` stream of ``cluster``'s agent."""
+        command_id = stream.headers.get("id")
+        attempt = stream.headers.get("attempt")
+        if not isinstance(command_id, str) or type(attempt) is not int:
+            stream.reset(reason="a report needs an id and an attempt")
+            return
+        try:
+            record = await self.store.get_command(command_id)
+        except NotFoundError:
+            record = None
+        if record is None or record.cluster != cluster:
+            # An agent reports only on its own cluster's commands.
+            await _reply(stream, {"stale": "no such command on this cluster"})
+            return
+        reader = RecordReader()
+        while chunk := await stream.read():
+            try:
+                events = reader.feed(chunk)
+            except MalformedFrameError as exc:
+                stream.reset(reason=str(exc)[:200])
+                return
+            for event in events:
+                if not await self._report_event(record, attempt, event, stream):
+                    return
+
+    async def _report_event(
+        self, record: CommandRecord, attempt: int, event: dict[str, Any], stream: MuxStream
+    ) -> bool:
+        """Act on one report record; False once the stream is done with."""
+        kind = event.get("event")
+        now = utcnow()
+        lease = now + timedelta(seconds=self.settings.lease)
+        if kind in ("started", "resume"):
+            running = await self.store.mark_running(record.id, attempt, now, lease)
+            if running is None:
+                await _reply(stream, {"stale": "this attempt is no longer current"})
+                return False
+            self._changed(record.id)
+            if running.cancel_requested:
+                self._send_cancel(running)
+        elif kind == "heartbeat":
+            if not await self.store.extend_lease(record.id, attempt, lease):
+                await _reply(stream, {"stale": "this attempt is no longer current"})
+                return False
+        elif kind == "log":
+            lines = [str(line)[:_MAX_LINE] for line in event.get("lines", [])][:_MAX_LOG_LINES]
+            await self.store.append_command_log(
+                record.id, attempt, lines, now, self.settings.log_cap
+            )
+            await self.store.extend_lease(record.id, attempt, lease)
+            self._changed(record.id)
+        elif kind == "result":
+            return await self._finish(record, attempt, event, stream)
+        return True
+
+    async def _finish(
+        self, record: CommandRecord, attempt: int, event: dict[str, Any], stream: MuxStream
+    ) -> bool:
+        outcome = event.get("outcome")
+        if outcome not in _OUTCOMES:
+            stream.reset(reason="a result needs an outcome")
+            return False
+        summary = event.get("summary")
+        result = {
+            "summary": summary if isinstance(summary, dict) else {},
+            "outputs": [str(name)[:253] for name in event.get("outputs", [])][:256],
+        }
+        error = event.get("error")
+        finished = await self.store.finish_command(
+            record.id,
+            attempt,
+            outcome,
+            result,
+            str(error)[:4000] if error else None,
+            utcnow(),
+        )
+        if finished is None:
+            await _reply(stream, {"stale": "this attempt is no longer current"})
+            return False
+        await _reply(stream, {"ack": True})
+        await self._audit(finished, "finish", finished.submitter)
+        self._changed(record.id)
+        self.kick(record.cluster)  # a slot freed on the agent
+        return False
+
+    # ----------------------------------------------------------------- leases
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reap_interval)
+            try:
+                lapsed = await self.store.lapse_leases(utcnow())
+            except Exception:
+                logger.exception("lease check failed")
+                continue
+            for item in lapsed:
+                record = item.command
+                logger.warning(
+                    "lease of command %s lapsed: %s",
+                    record.id,
+                    "requeued" if item.requeued else record.state,
+                    extra={"cluster": record.cluster, "command": record.id},
+                )
+                self._changed(record.id)
+                if item.requeued:
+                    self.kick(record.cluster)
+                else:
+                    await self._audit(record, "finish", record.submitter)
+
+    # --------------------------------------------------------------- helpers
+
+    def _send_cancel(self, record: CommandRecord) -> None:
+        agent = self.registry.get(record.cluster)
+        if agent is None:
+            return  # sent again when the agent resumes its report
+        with contextlib.suppress(SessionError, LocalProtocolError):
+            agent.session.send_message(
+                kinds.MESSAGE_COMMAND_CANCEL, {"id": record.id, "attempt": record.attempt}
+            )
+
+    def _changed(self, command_id: str) -> None:
+        event = self._changes.pop(command_id, None)
+        if event is not None:
+            event.set()
+
+    async def _audit(self, record: CommandRecord, verb: str, user: str) -> None:
+        await self.audit.record(
+            AuditEvent(
+                id=None,
+                time=utcnow(),
+                user=user,
+                cluster=record.cluster,
+                kind="command",
+                verb=verb,
+                path=f"{record.type}/{record.name}/{record.id}",
+                status=None,
+                detail={"state": record.state, "attempt": record.attempt},
+            )
+        )
+
+
+async def _first_record(stream: MuxStream) -> dict[str, Any]:
+    reader = RecordReader(limit=64 * 1024)
+    while chunk := await stream.read():
+        records = reader.feed(chunk)
+        if records:
+            return records[0]
+    raise MalformedFrameError("the agent ended the offer without answering")
+
+
+async def _reply(stream: MuxStream, record: dict[str, Any]) -> None:
+    with contextlib.suppress(SessionError):
+        await stream.write(encode_record(record))
+        stream.end()

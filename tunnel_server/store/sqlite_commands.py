@@ -1,0 +1,330 @@
+"""The command queue's operations on SQLite (see ``commands`` for the states)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from .base import InvalidValueError, NotFoundError
+from .commands import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    CommandLogLine,
+    CommandRecord,
+    CommandState,
+    LapsedLease,
+    NewCommand,
+)
+from .sqlite_codec import decode_time, encode_time
+from .sqlite_schema import transaction
+
+__all__ = [
+    "add_command",
+    "append_command_log",
+    "command_log",
+    "extend_lease",
+    "finish_command",
+    "get_command",
+    "lapse_leases",
+    "list_commands",
+    "mark_delivered",
+    "mark_running",
+    "pending_commands",
+    "request_cancel",
+]
+
+MAX_LIST = 1000
+_TRUNCATED = "[log truncated: the command wrote more than the server keeps]"
+
+
+def _time(value: str | None) -> datetime | None:
+    return None if value is None else decode_time(value)
+
+
+def _record(row: sqlite3.Row) -> CommandRecord:
+    return CommandRecord(
+        id=row["id"],
+        cluster=row["cluster"],
+        submitter=row["submitter"],
+        type=row["type"],
+        name=row["name"],
+        spec=json.loads(row["spec"]),
+        state=row["state"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        timeout_seconds=row["timeout_seconds"],
+        created_at=decode_time(row["created_at"]),
+        updated_at=decode_time(row["updated_at"]),
+        idempotency_key=row["idempotency_key"],
+        delivered_at=_time(row["delivered_at"]),
+        started_at=_time(row["started_at"]),
+        finished_at=_time(row["finished_at"]),
+        lease_expires_at=_time(row["lease_expires_at"]),
+        cancel_requested=bool(row["cancel_requested"]),
+        result=None if row["result"] is None else json.loads(row["result"]),
+        error=row["error"],
+        log_bytes=row["log_bytes"],
+        log_truncated=bool(row["log_truncated"]),
+    )
+
+
+def _row(db: sqlite3.Connection, command_id: str) -> sqlite3.Row:
+    row: sqlite3.Row | None = db.execute(
+        "SELECT * FROM commands WHERE id = ?", (command_id,)
+    ).fetchone()
+    if row is None:
+        raise NotFoundError(f"no command {command_id!r}")
+    return row
+
+
+def add_command(
+    db: sqlite3.Connection, command: NewCommand, now: datetime
+) -> tuple[CommandRecord, bool]:
+    if not 1 <= command.max_attempts <= 100:
+        raise InvalidValueError("max_attempts must be 1..100")
+    with transaction(db):
+        if command.idempotency_key is not None:
+            existing = db.execute(
+                "SELECT * FROM commands WHERE cluster = ? AND idempotency_key = ?",
+                (command.cluster, command.idempotency_key),
+            ).fetchone()
+            if existing is not None:
+                return _record(existing), False
+        stamp = encode_time(now)
+        db.execute(
+            "INSERT INTO commands (id, cluster, submitter, type, name, spec, state, attempt,"
+            " max_attempts, timeout_seconds, idempotency_key, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?)",
+            (
+                command.id,
+                command.cluster,
+                command.submitter,
+                command.type,
+                command.name,
+                json.dumps(command.spec),
+                command.max_attempts,
+                command.timeout_seconds,
+                command.idempotency_key,
+                stamp,
+                stamp,
+            ),
+        )
+        return _record(_row(db, command.id)), True
+
+
+def get_command(db: sqlite3.Connection, command_id: str) -> CommandRecord:
+    return _record(_row(db, command_id))
+
+
+def list_commands(
+    db: sqlite3.Connection, cluster: str | None, state: str | None, limit: int
+) -> list[CommandRecord]:
+    clauses, values = [], []
+    if cluster is not None:
+        clauses.append("cluster = ?")
+        values.append(cluster)
+    if state is not None:
+        clauses.append("state = ?")
+        values.append(state)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    rows = db.execute(
+        f"SELECT * FROM commands {where} ORDER BY created_at DESC, id LIMIT ?",  # noqa: S608 - fixed clauses
+        (*values, max(1, min(limit, MAX_LIST))),
+    ).fetchall()
+    return [_record(row) for row in rows]
+
+
+def pending_commands(db: sqlite3.Connection, cluster: str, limit: int) -> list[CommandRecord]:
+    rows = db.execute(
+        "SELECT * FROM commands WHERE cluster = ? AND state = 'pending'"
+        " ORDER BY created_at, id LIMIT ?",
+        (cluster, max(1, min(limit, MAX_LIST))),
+    ).fetchall()
+    return [_record(row) for row in rows]
+
+
+def mark_delivered(
+    db: sqlite3.Connection, command_id: str, attempt: int, now: datetime, lease_until: datetime
+) -> CommandRecord | None:
+    stamp = encode_time(now)
+    cursor = db.execute(
+        "UPDATE commands SET state = 'delivered', attempt = ?, delivered_at = ?,"
+        " lease_expires_at = ?, updated_at = ?"
+        " WHERE id = ? AND state = 'pending' AND attempt = ?",
+        (attempt, stamp, encode_time(lease_until), stamp, command_id, attempt - 1),
+    )
+    return _record(_row(db, command_id)) if cursor.rowcount else None
+
+
+def mark_running(
+    db: sqlite3.Connection, command_id: str, attempt: int, now: datetime, lease_until: datetime
+) -> CommandRecord | None:
+    stamp = encode_time(now)
+    cursor = db.execute(
+        "UPDATE commands SET state = 'running', started_at = COALESCE(started_at, ?),"
+        " lease_expires_at = ?, updated_at = ?"
+        " WHERE id = ? AND attempt = ? AND state IN ('delivered', 'running')",
+        (stamp, encode_time(lease_until), stamp, command_id, attempt),
+    )
+    return _record(_row(db, command_id)) if cursor.rowcount else None
+
+
+def extend_lease(
+    db: sqlite3.Connection, command_id: str, attempt: int, lease_until: datetime
+) -> bool:
+    cursor = db.execute(
+        "UPDATE commands SET lease_expires_at = ?"
+        " WHERE id = ? AND attempt = ? AND state IN ('delivered', 'running')",
+        (encode_time(lease_until), command_id, attempt),
+    )
+    return cursor.rowcount > 0
+
+
+def finish_command(
+    db: sqlite3.Connection,
+    command_id: str,
+    attempt: int,
+    state: CommandState,
+    result: dict[str, Any] | None,
+    error: str | None,
+    now: datetime,
+) -> CommandRecord | None:
+    if state not in TERMINAL_STATES:
+        raise InvalidValueError(f"{state!r} is not a final state")
+    stamp = encode_time(now)
+    cursor = db.execute(
+        "UPDATE commands SET state = ?, result = ?, error = ?, finished_at = ?,"
+        " lease_expires_at = NULL, updated_at = ?"
+        " WHERE id = ? AND attempt = ? AND state IN ('delivered', 'running')",
+        (
+            state,
+            None if result is None else json.dumps(result),
+            error,
+            stamp,
+            stamp,
+            command_id,
+            attempt,
+        ),
+    )
+    return _record(_row(db, command_id)) if cursor.rowcount else None
+
+
+def request_cancel(db: sqlite3.Connection, command_id: str, now: datetime) -> CommandRecord:
+    stamp = encode_time(now)
+    with transaction(db):
+        record = _record(_row(db, command_id))
+        if record.state == "pending":
+            db.execute(
+                "UPDATE commands SET state = 'cancelled', cancel_requested = 1,"
+                " error = 'cancelled before delivery', finished_at = ?, updated_at = ?"
+                " WHERE id = ?",
+                (stamp, stamp, command_id),
+            )
+        elif record.state in ACTIVE_STATES:
+            db.execute(
+                "UPDATE commands SET cancel_requested = 1, updated_at = ? WHERE id = ?",
+                (stamp, command_id),
+            )
+        return _record(_row(db, command_id))
+
+
+def lapse_leases(db: sqlite3.Connection, now: datetime) -> list[LapsedLease]:
+    stamp = encode_time(now)
+    lapsed: list[LapsedLease] = []
+    with transaction(db):
+        rows = db.execute(
+            "SELECT * FROM commands WHERE state IN ('delivered', 'running')"
+            " AND lease_expires_at < ?",
+            (stamp,),
+        ).fetchall()
+        for row in rows:
+            record = _record(row)
+            if record.cancel_requested:
+                db.execute(
+                    "UPDATE commands SET state = 'cancelled', lease_expires_at = NULL,"
+                    " error = 'cancelled; the agent was lost', finished_at = ?, updated_at = ?"
+                    " WHERE id = ?",
+                    (stamp, stamp, record.id),
+                )
+                requeued = False
+            elif record.attempt < record.max_attempts:
+                db.execute(
+                    "UPDATE commands SET state = 'pending', lease_expires_at = NULL,"
+                    " updated_at = ? WHERE id = ?",
+                    (stamp, record.id),
+                )
+                requeued = True
+            else:
+                db.execute(
+                    "UPDATE commands SET state = 'lost', lease_expires_at = NULL,"
+                    " error = ?, finished_at = ?, updated_at = ? WHERE id = ?",
+                    (
+                        f"the agent was lost during attempt {record.attempt} of "
+                        f"{record.max_attempts}",
+                        stamp,
+                        stamp,
+                        record.id,
+                    ),
+                )
+                requeued = False
+            lapsed.append(LapsedLease(_record(_row(db, record.id)), requeued))
+    return lapsed
+
+
+def append_command_log(
+    db: sqlite3.Connection,
+    command_id: str,
+    attempt: int,
+    lines: Sequence[str],
+    now: datetime,
+    cap: int,
+) -> int:
+    stamp = encode_time(now)
+    kept = 0
+    with transaction(db):
+        row = db.execute(
+            "SELECT log_bytes, log_truncated FROM commands WHERE id = ?", (command_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFoundError(f"no command {command_id!r}")
+        used, truncated = row["log_bytes"], bool(row["log_truncated"])
+        if truncated:
+            return 0
+        for line in lines:
+            size = len(line.encode())
+            if used + size > cap:
+                db.execute(
+                    "INSERT INTO command_logs (command_id, attempt, time, text)"
+                    " VALUES (?, ?, ?, ?)",
+                    (command_id, attempt, stamp, _TRUNCATED),
+                )
+                truncated = True
+                break
+            db.execute(
+                "INSERT INTO command_logs (command_id, attempt, time, text) VALUES (?, ?, ?, ?)",
+                (command_id, attempt, stamp, line),
+            )
+            used += size
+            kept += 1
+        db.execute(
+            "UPDATE commands SET log_bytes = ?, log_truncated = ? WHERE id = ?",
+            (used, int(truncated), command_id),
+        )
+    return kept
+
+
+def command_log(
+    db: sqlite3.Connection, command_id: str, after: int, limit: int
+) -> list[CommandLogLine]:
+    rows = db.execute(
+        "SELECT seq, attempt, time, text FROM command_logs WHERE command_id = ? AND seq > ?"
+        " ORDER BY seq LIMIT ?",
+        (command_id, after, max(1, min(limit, 10_000))),
+    ).fetchall()
+    return [
+        CommandLogLine(row["seq"], row["attempt"], decode_time(row["time"]), row["text"])
+        for row in rows
+    ]
