@@ -101,6 +101,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(
         run,
+        "--read-only",
+        env + "READ_ONLY",
+        action="store_true",
+        default=False,
+        help="serve only get/list/watch and logs; refuse writes, exec, port-forward",
+    )
+    env_flag(
+        run,
+        "--namespaces",
+        env + "NAMESPACES",
+        default="",
+        help="comma-separated namespaces relayed requests may touch (default: all)",
+    )
+    env_flag(
+        run,
+        "--allow-secret-values",
+        env + "ALLOW_SECRET_VALUES",
+        action="store_true",
+        default=False,
+        help="relay Secret values (withheld by default)",
+    )
+    env_flag(
+        run,
         "--log-format",
         env + "LOG_FORMAT",
         default="text",

@@ -91,6 +91,7 @@ class Agent:
         self.connections = 0
         self.bootstraps = 0
         self.renewals = 0
+        self.failed_attempts = 0
         self.session: Session | None = None
         self.last_error: str | None = None
         self._credentials: Credentials | None = None
@@ -110,6 +111,7 @@ class Agent:
                 await self._serve_one_connection(self._credentials)
                 self.last_error = "the connection ended"
             except ConnectError as exc:
+                self.failed_attempts += 1
                 self.last_error = str(exc)
                 retry_after = exc.retry_after
                 logger.warning("cannot connect: %s", exc, extra={"cluster": self.settings.cluster})
@@ -150,6 +152,7 @@ class Agent:
             try:
                 credentials = await self._bootstrap()
             except ConnectError as exc:
+                self.last_error = f"bootstrap failed: {exc}"
                 delay = self.backoff.next_delay(exc.retry_after)
                 logger.warning("bootstrap failed: %s; retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -57,6 +58,9 @@ class KubeProxy:
     def __init__(self, api: KubeApi, policy: ProxyPolicy) -> None:
         self.api = api
         self.policy = policy
+        #: For metrics: requests by (verb, status), refusals by the policy.
+        self.requests: Counter[tuple[str, int]] = Counter()
+        self.refusals = 0
 
     async def handle(self, stream: MuxStream) -> None:
         try:
@@ -66,6 +70,7 @@ class KubeProxy:
             return
         refusal = self.policy.check(head)
         if refusal is not None:
+            self.refusals += 1
             logger.info("refused %s %s: %s", head.method, head.path[:200], refusal.message)
             await _answer_status(stream, refusal.status, refusal.reason, refusal.message)
             return
@@ -100,6 +105,7 @@ class KubeProxy:
             allow_redirects=False,
             compress=None,
         ) as response:
+            self.requests[(head.method.lower(), response.status)] += 1
             await stream.write(
                 encode_response_head(
                     response.status, response.reason or "", _response_headers(response)

@@ -19,7 +19,8 @@ def proxy_for(url: str) -> str | None:
     if urllib.request.proxy_bypass(host):
         return None
     proxies = urllib.request.getproxies_environment()
-    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    # aiohttp uses the scheme's proxy only (not ALL_PROXY); say what it does.
+    proxy = proxies.get(parts.scheme)
     return redact_url(proxy) if proxy else None
 
 

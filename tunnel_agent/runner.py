@@ -17,7 +17,7 @@ import contextlib
 import logging
 import shutil
 import tempfile
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,8 +104,9 @@ class CommandRunner:
         self._queue: asyncio.Queue[Job] = asyncio.Queue()
         self._session: Session | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        #: Attempts started since the agent started (for tests and metrics).
+        #: Attempts started since the agent started, and finished by (type, outcome).
         self.started = 0
+        self.finished: Counter[tuple[str, str]] = Counter()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -247,6 +248,7 @@ class CommandRunner:
         outputs: list[str] | None = None,
     ) -> None:
         job.state = "finished"
+        self.finished[(job.type or "unknown", outcome)] += 1
         job.result = {
             "outcome": outcome,
             "summary": summary,

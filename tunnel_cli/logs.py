@@ -13,6 +13,8 @@ import sys
 from datetime import UTC, datetime
 from typing import TextIO
 
+from .flags import FlagError
+
 __all__ = ["CONTEXT_FIELDS", "configure_logging"]
 
 #: Record attributes that identify what a line concerns.
@@ -52,9 +54,12 @@ def configure_logging(fmt: str = "text", level: str = "info", stream: TextIO | N
     elif fmt == "text":
         handler.setFormatter(_TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     else:
-        raise ValueError(f"log format must be text or json, not {fmt!r}")
+        raise FlagError(f"log format must be text or json, not {fmt!r}")
+    number = logging.getLevelNamesMapping().get(level.upper())
+    if number is None:
+        raise FlagError(f"log level must be debug, info, warning or error, not {level!r}")
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    root.setLevel(number)
     # aiohttp's access log would print every proxied path; we audit instead.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +95,9 @@ class Session:
         self._idle = asyncio.Event()
         self._idle.set()
         self._error: BaseException | None = None
+        #: For metrics: resets seen, by code, and time writers waited for credit.
+        self.resets: Counter[int] = Counter()
+        self.flow_wait_seconds = 0.0
 
     def __repr__(self) -> str:
         return f"<Session {self.label} streams={len(self._streams)}>"
@@ -108,6 +112,10 @@ class Session:
     @property
     def streams(self) -> int:
         return len(self._streams)
+
+    def stream_kinds(self) -> Counter[str]:
+        """Open streams by kind."""
+        return Counter(stream.kind for stream in self._streams.values())
 
     async def wait_ready(self) -> HandshakeCompleted:
         """Wait for the handshake; raises SessionClosedError if the session ends first."""
@@ -269,6 +277,7 @@ class Session:
                 stream._feed_eof()
                 self._forget_if_done(stream)
         elif type(event) is StreamReset:
+            self.resets[event.code] += 1
             stream = self._streams.pop(event.stream_id, None)
             if stream is not None:
                 stream._fail(StreamResetError(event.code, event.reason, remote=event.remote))
@@ -345,6 +354,7 @@ class Session:
         self._kick()
 
     def _reset_stream(self, stream_id: int, code: int, reason: str) -> None:
+        self.resets[code] += 1
         stream = self._streams.pop(stream_id, None)
         if stream is not None:
             self._ending.discard(stream)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -106,7 +107,9 @@ class MuxStream:
             if capacity <= 0:
                 self._writable.clear()
                 self._session._wait_writable(self)
+                started = time.monotonic()
                 await self._writable.wait()
+                self._session.flow_wait_seconds += time.monotonic() - started
                 continue
             size = min(capacity, len(view))
             self._session._send_data(self.id, view[:size])

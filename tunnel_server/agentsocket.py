@@ -24,7 +24,7 @@ from tunnel_pki.identity import ClientIdentity, verify_client_certificate
 
 from . import __version__
 from .context import CONTEXT, ServerContext, utcnow
-from .errors import ForbiddenError, UnauthorizedError, UnavailableError
+from .errors import ApiError, ForbiddenError, UnauthorizedError, UnavailableError
 from .registry import AgentConnection
 from .store.base import NotFoundError, StoreError
 
@@ -74,6 +74,14 @@ def client_identity(request: web.Request, context: ServerContext) -> ClientIdent
 async def agent_socket(request: web.Request) -> web.StreamResponse:
     """Accept an agent's WebSocket and run its session until it ends."""
     context = request.app[CONTEXT]
+    try:
+        return await _accept_agent(request, context)
+    except ApiError as exc:
+        context.metrics.agent_refusals.labels(exc.code).inc()
+        raise
+
+
+async def _accept_agent(request: web.Request, context: ServerContext) -> web.StreamResponse:
     settings = context.settings.tunnel
     identity = client_identity(request, context)
     try:
@@ -116,12 +124,14 @@ async def agent_socket(request: web.Request) -> web.StreamResponse:
             label=f"cluster={identity.cluster}",
         )
         renewals.session = session
+        context.metrics.track(session)
         run = asyncio.create_task(session.run(), name=f"session {identity.cluster}")
         try:
             hello = await asyncio.wait_for(session.wait_ready(), settings.handshake_timeout)
         except (TimeoutError, SessionClosedError):
             await session.close()
             await run
+            context.metrics.untrack(session)
             return websocket
     finally:
         admission.pending -= 1
@@ -134,6 +144,7 @@ async def agent_socket(request: web.Request) -> web.StreamResponse:
         connected_since=utcnow(),
     )
     context.registry.attach(agent)
+    context.metrics.agent_connects.inc()
     context.commands.kick(identity.cluster)  # deliver what waited for this agent
     log = {"cluster": identity.cluster, "remote": request.remote}
     logger.info("agent connected (version %s)", agent.agent_version, extra=log)
@@ -142,6 +153,7 @@ async def agent_socket(request: web.Request) -> web.StreamResponse:
         await run
     finally:
         context.registry.detach(agent)
+        context.metrics.untrack(session)
         await renewals.close()
         logger.info("agent disconnected: %s", session.close_reason, extra=log)
         await _record(context, agent, connected=False)

@@ -8,6 +8,7 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from tunnel_pki.tls import server_context
 
@@ -22,6 +23,7 @@ from .config import ServerSettings
 from .context import CONTEXT, ServerContext, utcnow
 from .errors import ApiError, ConflictError, NotFoundApiError, UnavailableError
 from .kubeproxy import setup_kube_proxy
+from .metrics import ServerMetrics
 from .registry import AgentRegistry
 from .statedir import ServerIdentity, ensure_admin, prepare_state_dir
 from .store.base import AlreadyExistsError, NotFoundError, StoreError
@@ -40,6 +42,7 @@ def create_app(settings: ServerSettings, identity: ServerIdentity) -> web.Applic
     app.cleanup_ctx.append(_lifecycle(settings, identity))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
     app.router.add_post(BOOTSTRAP_PATH, bootstrap)
     setup_agent_socket(app)
     setup_api(app)
@@ -59,7 +62,8 @@ def _lifecycle(
             await ensure_admin(store, settings.state_dir, utcnow())
             audit = AuditWriter(store)
             registry = AgentRegistry(settings.tunnel.replace_grace)
-            commands = CommandDispatcher(store, registry, audit, settings.commands)
+            metrics = ServerMetrics()
+            commands = CommandDispatcher(store, registry, audit, settings.commands, metrics)
             context = ServerContext(
                 settings=settings,
                 identity=identity,
@@ -68,6 +72,7 @@ def _lifecycle(
                 access=AccessCache(store),
                 audit=audit,
                 commands=commands,
+                metrics=metrics,
                 revoked=await store.revoked_serials(),
             )
             app[CONTEXT] = context
@@ -115,6 +120,14 @@ def _error_response(error: ApiError) -> web.Response:
 
 async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT]
+    context.metrics.clusters_connected.set(len(context.registry.connected()))
+    return web.Response(
+        body=context.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
 
 
 async def _readyz(request: web.Request) -> web.Response:

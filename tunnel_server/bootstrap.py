@@ -16,7 +16,7 @@ from tunnel_pki.errors import PkiError
 from tunnel_pki.names import validate_cluster_name
 
 from .context import CONTEXT, utcnow
-from .errors import BadRequestError, ConflictError, ForbiddenError, UnauthorizedError
+from .errors import ApiError, BadRequestError, ConflictError, ForbiddenError, UnauthorizedError
 from .httpjson import json_response, read_json, require_str, timestamp
 from .store.base import (
     TokenClusterMismatchError,
@@ -36,6 +36,17 @@ _MAX_BODY = 32 * 1024
 
 async def bootstrap(request: web.Request) -> web.Response:
     """``POST {"cluster", "token", "csr"}`` -> ``{"certificate", "ca", "not_after"}``."""
+    metrics = request.app[CONTEXT].metrics
+    try:
+        response = await _bootstrap(request)
+    except ApiError as exc:
+        metrics.bootstraps.labels(exc.code).inc()
+        raise
+    metrics.bootstraps.labels("issued").inc()
+    return response
+
+
+async def _bootstrap(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     body = await read_json(request, _MAX_BODY)
     cluster = require_str(body, "cluster", max_length=63)

@@ -11,6 +11,7 @@ from aiohttp import web
 from .access import AccessCache
 from .audit import AuditWriter
 from .config import ServerSettings
+from .metrics import ServerMetrics
 from .registry import AgentRegistry
 from .statedir import ServerIdentity
 from .store.base import Store
@@ -34,6 +35,7 @@ class ServerContext:
     access: AccessCache
     audit: AuditWriter
     commands: CommandDispatcher
+    metrics: ServerMetrics
     #: Serials of revoked client certificates, loaded at start, kept current.
     revoked: set[int] = field(default_factory=set)
 

@@ -99,6 +99,9 @@ async def kube_proxy(request: web.Request) -> web.StreamResponse:
         exchange.status = refusal.code
         return refusal.response()
     finally:
+        context.metrics.observe_proxy(
+            exchange.verb or request.method.lower(), exchange.status, time.monotonic() - started
+        )
         if exchange.user is not None:
             await context.audit.record(
                 AuditEvent(

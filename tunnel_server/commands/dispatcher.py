@@ -28,6 +28,7 @@ from tunnel_mux import MuxStream, SessionError
 from ..audit import AuditWriter
 from ..config import CommandSettings
 from ..context import utcnow
+from ..metrics import ServerMetrics
 from ..registry import AgentConnection, AgentRegistry
 from ..store.base import AuditEvent, NotFoundError, Store
 from ..store.commands import CommandRecord, NewCommand
@@ -50,7 +51,9 @@ class CommandDispatcher:
         registry: AgentRegistry,
         audit: AuditWriter,
         settings: CommandSettings | None = None,
+        metrics: ServerMetrics | None = None,
     ) -> None:
+        self.metrics = metrics or ServerMetrics()
         self.store = store
         self.registry = registry
         self.audit = audit
@@ -100,6 +103,7 @@ class CommandDispatcher:
             utcnow(),
         )
         if created:
+            self.metrics.commands_submitted.labels(record.type).inc()
             await self._audit(record, "submit", submitter)
             self.kick(cluster)
         return record, created
@@ -108,6 +112,8 @@ class CommandDispatcher:
         """Cancel a command: at once if pending, else by telling its agent."""
         record = await self.store.request_cancel(command_id, utcnow())
         await self._audit(record, "cancel", user)
+        if record.finished:
+            self._finished(record)
         self._changed(record.id)
         if record.state in ("delivered", "running"):
             self._send_cancel(record)
@@ -325,7 +331,15 @@ class CommandDispatcher:
         if event is not None:
             event.set()
 
+    def _finished(self, record: CommandRecord) -> None:
+        self.metrics.commands_finished.labels(record.type, record.state).inc()
+        if record.finished_at is not None:
+            seconds = (record.finished_at - record.created_at).total_seconds()
+            self.metrics.command_duration.labels(record.type).observe(max(seconds, 0.0))
+
     async def _audit(self, record: CommandRecord, verb: str, user: str) -> None:
+        if verb == "finish":
+            self._finished(record)
         await self.audit.record(
             AuditEvent(
                 id=None,
