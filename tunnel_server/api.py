@@ -6,6 +6,7 @@ Every response is JSON; errors are ``{"error": {"status", "code", "message"}}``.
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 from aiohttp import web
@@ -13,6 +14,7 @@ from aiohttp import web
 from tunnel_pki.errors import PkiError
 from tunnel_pki.names import validate_cluster_name
 
+from . import __version__
 from .auth import authenticate, require_admin
 from .context import CONTEXT, ServerContext, utcnow
 from .errors import BadRequestError, NotFoundApiError
@@ -31,6 +33,7 @@ RBAC_VARIANTS = ("full", "read-only", "namespaced")
 def setup_api(app: web.Application) -> None:
     router = app.router
     router.add_get("/api/v1/whoami", whoami)
+    router.add_get("/api/v1/status", fleet_status)
     router.add_get("/api/v1/clusters", list_clusters)
     router.add_post("/api/v1/clusters", add_cluster)
     router.add_get("/api/v1/clusters/{cluster}", get_cluster)
@@ -42,6 +45,45 @@ def setup_api(app: web.Application) -> None:
 async def whoami(request: web.Request) -> web.Response:
     user = await authenticate(request)
     return json_response({"name": user.name, "groups": list(user.groups), "admin": user.is_admin})
+
+
+async def fleet_status(request: web.Request) -> web.Response:
+    """One screen of fleet health: agents, versions, commands."""
+    await require_admin(request)
+    context = request.app[CONTEXT]
+    clusters = await context.store.list_clusters()
+    connected = context.registry.connected()
+    outdated = sorted(
+        cluster.name
+        for cluster in clusters
+        if (
+            connected[cluster.name].agent_version
+            if cluster.name in connected
+            else cluster.agent_version
+        )
+        not in (None, __version__)
+    )
+    counts = await context.store.count_commands(utcnow() - timedelta(hours=24))
+    return json_response(
+        {
+            "server_version": __version__,
+            "clusters": {
+                "total": len(clusters),
+                "connected": sum(1 for c in clusters if c.name in connected),
+                "disconnected": sorted(c.name for c in clusters if c.name not in connected),
+            },
+            "agents_out_of_date": outdated,
+            "commands": {
+                "pending": counts.get("pending", 0),
+                "running": counts.get("running", 0) + counts.get("delivered", 0),
+                "succeeded_24h": counts.get("succeeded", 0),
+                "failed_24h": sum(
+                    counts.get(state, 0) for state in ("failed", "timed_out", "lost")
+                ),
+                "cancelled_24h": counts.get("cancelled", 0),
+            },
+        }
+    )
 
 
 async def list_clusters(request: web.Request) -> web.Response:

@@ -51,6 +51,10 @@ def register(commands: Subparsers) -> None:
     delete.add_argument("name")
     delete.set_defaults(run=cluster_delete)
 
+    status = commands.add_parser("status", help="one screen of fleet health")
+    output_flag(status)
+    status.set_defaults(run=show_status)
+
     whoami = commands.add_parser("whoami", help="show who the API token belongs to")
     output_flag(whoami)
     whoami.set_defaults(run=show_whoami)
@@ -112,4 +116,27 @@ def show_whoami(client: ApiClient, args: argparse.Namespace) -> int:
         print_json(answer)
     else:
         print(f"{answer['name']}{' (admin)' if answer['admin'] else ''}")
+    return 0
+
+
+def show_status(client: ApiClient, args: argparse.Namespace) -> int:
+    status = client.request("GET", "/api/v1/status")
+    if args.output == "json":
+        print_json(status)
+        return 0
+    clusters, commands = status["clusters"], status["commands"]
+    print(f"server       {status['server_version']}")
+    print(f"clusters     {clusters['connected']}/{clusters['total']} connected")
+    if clusters["disconnected"]:
+        print(f"  offline    {', '.join(clusters['disconnected'])}")
+    outdated = status["agents_out_of_date"]
+    print(
+        f"agents       {len(outdated)} out of date"
+        + (f": {', '.join(outdated)}" if outdated else "")
+    )
+    print(
+        f"commands     {commands['running']} running, {commands['pending']} pending; "
+        f"last 24h: {commands['succeeded_24h']} succeeded, {commands['failed_24h']} failed, "
+        f"{commands['cancelled_24h']} cancelled"
+    )
     return 0

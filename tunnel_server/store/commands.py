@@ -179,6 +179,11 @@ class CommandStore(abc.ABC):
         """Append log lines, keeping at most ``cap`` bytes per command; return lines kept."""
 
     @abc.abstractmethod
+    async def count_commands(self, since: datetime) -> dict[str, int]:
+        """How many commands are in each state, of those updated since ``since``
+        (and every active one, however old)."""
+
+    @abc.abstractmethod
     async def command_log(
         self, command_id: str, after: int = 0, limit: int = 1000
     ) -> list[CommandLogLine]:

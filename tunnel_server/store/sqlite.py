@@ -291,6 +291,9 @@ class SqliteStore(Store):
             cmd_ops.append_command_log, command_id, attempt, list(lines), now, cap
         )
 
+    async def count_commands(self, since: datetime) -> dict[str, int]:
+        return await self._run(cmd_ops.count_commands, since)
+
     async def command_log(
         self, command_id: str, after: int = 0, limit: int = 1000
     ) -> list[CommandLogLine]:

@@ -25,6 +25,7 @@ __all__ = [
     "add_command",
     "append_command_log",
     "command_log",
+    "count_commands",
     "extend_lease",
     "finish_command",
     "get_command",
@@ -314,6 +315,16 @@ def append_command_log(
             (used, int(truncated), command_id),
         )
     return kept
+
+
+def count_commands(db: sqlite3.Connection, since: datetime) -> dict[str, int]:
+    rows = db.execute(
+        "SELECT state, COUNT(*) AS n FROM commands"
+        " WHERE updated_at >= ? OR state IN ('pending', 'delivered', 'running')"
+        " GROUP BY state",
+        (encode_time(since),),
+    ).fetchall()
+    return {row["state"]: row["n"] for row in rows}
 
 
 def command_log(

@@ -1,0 +1,81 @@
+"""Metrics and fleet status reflect what happened, with bounded labels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from tunnel_agent.health import start_health_server
+from tunnel_pki.tls import client_context
+
+from .harness import RunningServer, agent_settings, running_agent
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+async def server_metrics(
+    server: RunningServer,
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(server.url + "/metrics", ssl=client_context(server.ca_pem)) as response,
+    ):
+        assert response.status == 200
+        return samples(await response.text())
+
+
+async def test_server_metrics_count_sessions_bootstraps_and_refusals(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    token = await server.add_cluster("prod-eu")
+    async with running_agent(agent_settings(server, "prod-eu", token, tmp_path / "c")) as agent:
+        await agent.wait_connected()
+        found = await server_metrics(server)
+        assert found[("tunnel_server_sessions", ())] == 1
+        assert found[("tunnel_server_clusters_connected", ())] == 1
+        assert found[("tunnel_server_agent_connects_total", ())] == 1
+        assert found[("tunnel_server_bootstraps_total", (("outcome", "issued"),))] == 1
+    # A second bootstrap with the spent token is refused and counted by reason.
+    async with running_agent(agent_settings(server, "prod-eu", token, tmp_path / "d")) as again:
+        try:
+            await again.task
+        except Exception:  # noqa: BLE001 - the refusal itself is tested elsewhere
+            pass
+    found = await server_metrics(server)
+    assert found[("tunnel_server_bootstraps_total", (("outcome", "token_used"),))] == 1
+    assert found[("tunnel_server_sessions", ())] == 0
+    # Counters of the ended session were kept, not dropped.
+    assert found[("tunnel_server_stream_opens_total", ())] >= 0
+    assert all("prod-eu" not in str(labels) for (_, labels) in found)
+
+
+async def test_agent_metrics_and_fleet_status(server: RunningServer, tmp_path: Path) -> None:
+    token = await server.add_cluster("prod-eu")
+    await server.add_cluster("staging")
+    async with running_agent(agent_settings(server, "prod-eu", token, tmp_path / "c")) as running:
+        await running.wait_connected()
+        runner, port = await start_health_server(running.agent, "127.0.0.1", 0)
+        try:
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(f"http://127.0.0.1:{port}/metrics") as response,
+            ):
+                found = samples(await response.text())
+        finally:
+            await runner.cleanup()
+        assert found[("tunnel_agent_connected", ())] == 1
+        assert found[("tunnel_agent_connections_total", ())] == 1
+        assert found[("tunnel_agent_sessions", ())] == 1
+        status, answer = await server.api("GET", "/api/v1/status")
+    assert status == 200
+    assert answer["clusters"] == {"total": 2, "connected": 1, "disconnected": ["staging"]}
+    assert answer["agents_out_of_date"] == []
+    assert answer["commands"]["running"] == 0
