@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tunnel_agent.errors import BootstrapRefusedError
 from tunnel_agent.health import start_health_server
 from tunnel_pki.tls import client_context
 
@@ -45,10 +47,8 @@ async def test_server_metrics_count_sessions_bootstraps_and_refusals(
         assert found[("tunnel_server_bootstraps_total", (("outcome", "issued"),))] == 1
     # A second bootstrap with the spent token is refused and counted by reason.
     async with running_agent(agent_settings(server, "prod-eu", token, tmp_path / "d")) as again:
-        try:
+        with pytest.raises(BootstrapRefusedError):
             await again.task
-        except Exception:  # noqa: BLE001 - the refusal itself is tested elsewhere
-            pass
     found = await server_metrics(server)
     assert found[("tunnel_server_bootstraps_total", (("outcome", "token_used"),))] == 1
     assert found[("tunnel_server_sessions", ())] == 0
