@@ -1,0 +1,67 @@
+"""Fetching a git source: one commit, shallow, with the git command line.
+
+``git init`` + ``git fetch --depth 1 origin <ref>`` + ``git checkout FETCH_HEAD``
+takes a branch, a tag or a commit id alike (``clone --branch`` takes no
+commit). Only the schemes :data:`tunnel_commands.sources.GIT_SCHEMES` are
+allowed (``GIT_ALLOW_PROTOCOL``), and git never prompts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tunnel_commands import GitSource
+from tunnel_commands.sources import GIT_SCHEMES
+
+from .errors import ExecutorError, ProcessError
+from .process import find_binary, run_process
+from .steps import Step
+
+__all__ = ["fetch_source"]
+
+
+async def fetch_source(source: GitSource, destination: Path, step: Step, what: str) -> Path:
+    """Check ``source`` out into ``destination``; the directory ``source.path`` in it.
+
+    ``what`` names the spec field in errors (``spec.git``).
+    """
+    context = step.context
+    git = find_binary(["git"], context.environment)
+    environment = {
+        **context.environment,
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ALLOW_PROTOCOL": ":".join(GIT_SCHEMES),
+        "GIT_ASKPASS": "/bin/false",
+    }
+    destination.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (a local directory)
+    step.emit(f"fetching {source.url} at {source.ref}")
+    for argv in (
+        [git, "init", "--quiet", str(destination)],
+        [git, "-C", str(destination), "remote", "add", "origin", source.url],
+        [git, "-C", str(destination), "fetch", "--quiet", "--depth", "1", "origin", source.ref],
+        [git, "-C", str(destination), "checkout", "--quiet", "FETCH_HEAD"],
+    ):
+        result = await run_process(
+            argv,
+            cwd=destination,
+            environment=environment,
+            emit=step.emit,
+            kill_grace=context.kill_grace,
+        )
+        if result.returncode != 0:
+            raise ProcessError(
+                f"{what}: cannot fetch {source.url} at {source.ref}: {result.last_error}",
+                returncode=result.returncode,
+            )
+    directory = _checked_out(destination, source.path)
+    if directory is None:
+        raise ExecutorError(f"{what}.path: no directory {source.path!r} at {source.ref}")
+    return directory
+
+
+def _checked_out(destination: Path, path: str) -> Path | None:
+    """``path`` in the checkout if it is a directory there (a symbolic link may not leave)."""
+    directory = (destination / path).resolve()
+    if not directory.is_relative_to(destination.resolve()) or not directory.is_dir():
+        return None
+    return directory

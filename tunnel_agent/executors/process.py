@@ -1,0 +1,226 @@
+"""Running helm, tofu and git: own process group, lines logged as produced, killed on cancel.
+
+Each process starts in a new session (so a new process group): stopping it
+reaches everything it started. When the run is cancelled or times out, the
+group gets SIGTERM, then SIGKILL after the grace period, and the
+cancellation goes on. When the process exits by itself, anything it left
+running in its group is killed, so no stray child holds the pipes open.
+
+Standard output and error are read line by line as they come and sent to
+the run's log (masked, capped); standard output can instead be captured
+whole, unlogged, for output that holds values (``tofu output -json``).
+Secrets are never passed as arguments: callers put them in the environment
+or in a private file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ProcessError
+
+__all__ = ["ProcessResult", "find_binary", "run_process"]
+
+_CHUNK = 65536
+#: A line longer than this (before masking) is cut; the rest up to its end is dropped.
+_MAX_RAW_LINE = 65536
+_TAIL_LINES = 40
+#: Seconds to read what is left in the pipes once the process has ended.
+_DRAIN = 5.0
+_ERROR_PREFIXES = ("error", "fatal:")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessResult:
+    """How a process ended: its exit status, the captured stdout, its last stderr lines."""
+
+    returncode: int
+    stdout: bytes
+    stderr_tail: tuple[str, ...]
+
+    @property
+    def last_error(self) -> str:
+        """The line of standard error that says what failed, for an error message.
+
+        The last line that starts with ``Error``/``fatal:`` (OpenTofu frames
+        its diagnostics in box-drawing characters, which are taken off), else
+        the last non-empty line.
+        """
+        lines = [line.strip().lstrip("\u2502\u2577\u2575 ").strip() for line in self.stderr_tail]
+        lines = [line for line in lines if line]
+        for line in reversed(lines):
+            if line.lower().startswith(_ERROR_PREFIXES):
+                return line
+        return lines[-1] if lines else ""
+
+
+def find_binary(names: Sequence[str], environment: dict[str, str]) -> str:
+    """The path of the first of ``names`` on the environment's PATH."""
+    for name in names:
+        found = shutil.which(name, path=environment.get("PATH", os.defpath))
+        if found:
+            return found
+    listed = " or ".join(names)
+    raise ProcessError(f"{listed} is not on the agent's PATH")
+
+
+async def run_process(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    environment: dict[str, str],
+    emit: Callable[[str], None],
+    kill_grace: float,
+    capture_stdout: bool = False,
+    stdout_limit: int = 4 << 20,
+) -> ProcessResult:
+    """Run ``argv`` to its end; lines go to ``emit`` (stdout only if not captured).
+
+    Raises :class:`ProcessError` if it cannot start or its captured output is
+    over ``stdout_limit``; re-raises cancellation after stopping the group.
+    """
+    loop = asyncio.get_running_loop()
+    # The pipes are ours, not asyncio's: on Python 3.11 ``Process.wait()``
+    # waits for its own pipes to close, which a descendant can hold open.
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    unowned = [out_read, err_read]
+    transports: list[asyncio.BaseTransport] = []
+    try:
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out_write,
+                stderr=err_write,
+                cwd=cwd,
+                env=environment,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ProcessError(f"cannot start {Path(argv[0]).name}: {exc.strerror}") from exc
+        finally:
+            os.close(out_write)
+            os.close(err_write)
+        stdout = await _reader(loop, out_read, unowned, transports)
+        stderr = await _reader(loop, err_read, unowned, transports)
+        captured = bytearray()
+        tail: deque[str] = deque(maxlen=_TAIL_LINES)
+
+        def on_stderr(line: str) -> None:
+            if line.strip():
+                tail.append(line)
+            emit(line)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                pumps = [
+                    group.create_task(
+                        _capture(stdout, captured, stdout_limit)
+                        if capture_stdout
+                        else _pump(stdout, emit)
+                    ),
+                    group.create_task(_pump(stderr, on_stderr)),
+                ]
+                await process.wait()
+                # What the process left running in its group would hold the pipes open.
+                _signal_group(process.pid, signal.SIGKILL)
+                # A descendant that left the group could hold them for ever: read
+                # what is there, then stop reading.
+                await asyncio.wait(pumps, timeout=_DRAIN)
+                for transport in transports:
+                    transport.close()
+        except BaseException:
+            await _stop(process, kill_grace)
+            raise
+    finally:
+        for transport in transports:
+            transport.close()
+        for descriptor in unowned:
+            os.close(descriptor)
+    if len(captured) > stdout_limit:
+        raise ProcessError(f"{Path(argv[0]).name} wrote more than {stdout_limit} bytes of output")
+    assert process.returncode is not None
+    return ProcessResult(process.returncode, bytes(captured), tuple(tail))
+
+
+async def _reader(
+    loop: asyncio.AbstractEventLoop,
+    descriptor: int,
+    unowned: list[int],
+    transports: list[asyncio.BaseTransport],
+) -> asyncio.StreamReader:
+    """A stream reading the pipe ``descriptor``, which it then owns."""
+    reader = asyncio.StreamReader(limit=_CHUNK)
+    # Wrapping a descriptor does no I/O; the transport closes the file.
+    pipe = open(descriptor, "rb", buffering=0)  # noqa: ASYNC230, SIM115
+    unowned.remove(descriptor)
+    try:
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), pipe
+        )
+    except BaseException:
+        pipe.close()
+        raise
+    transports.append(transport)
+    return reader
+
+
+async def _stop(process: asyncio.subprocess.Process, grace: float) -> None:
+    """SIGTERM to the group, SIGKILL after ``grace`` (at once if cancelled again)."""
+    try:
+        if process.returncode is None:
+            _signal_group(process.pid, signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await process.wait()
+    finally:
+        _signal_group(process.pid, signal.SIGKILL)
+    if process.returncode is None:
+        await process.wait()
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+async def _pump(stream: asyncio.StreamReader, emit: Callable[[str], None]) -> None:
+    """Send each line of ``stream`` to ``emit`` as it completes."""
+    buffer = bytearray()
+    dropping = False
+    while chunk := await stream.read(_CHUNK):
+        buffer += chunk
+        while (end := buffer.find(b"\n")) >= 0:
+            line = bytes(buffer[:end])
+            del buffer[: end + 1]
+            if dropping:
+                dropping = False
+            else:
+                emit(_decode(line))
+        if len(buffer) > _MAX_RAW_LINE:
+            if not dropping:
+                emit(_decode(bytes(buffer[:_MAX_RAW_LINE])) + " ...[truncated]")
+            dropping = True
+            buffer.clear()
+    if buffer and not dropping:
+        emit(_decode(bytes(buffer)))
+
+
+async def _capture(stream: asyncio.StreamReader, into: bytearray, limit: int) -> None:
+    """Keep at most ``limit`` + 1 bytes of ``stream``; read the rest to its end."""
+    while chunk := await stream.read(_CHUNK):
+        if len(into) <= limit:
+            into += chunk[: limit + 1 - len(into)]
+
+
+def _decode(line: bytes) -> str:
+    return line.decode("utf-8", "replace").rstrip("\r")

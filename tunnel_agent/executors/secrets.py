@@ -1,0 +1,126 @@
+"""Reading the values that ``secretRef`` and ``outputRef`` stand for, inside the cluster.
+
+:class:`SecretResolver` reads Kubernetes Secrets (each once per run) and
+registers every value it hands out with the run's masker, so no log line or
+message shows it. :class:`ValueResolver` turns a spec value into plain JSON,
+references replaced by what they stand for.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from tunnel_commands import OutputRef, SecretRef, Value
+from tunnel_commands.errors import join_path
+
+from ..kubeapi import KubeApi
+from .errors import ExecutorError
+from .masking import Masker
+
+__all__ = ["OutputValue", "SecretResolver", "ValueResolver"]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputValue:
+    """One output of a step: its JSON value and whether the tool marked it sensitive."""
+
+    value: Any
+    sensitive: bool = False
+
+    def as_text(self) -> str:
+        """Strings as they are, anything else as JSON."""
+        return self.value if isinstance(self.value, str) else json.dumps(self.value)
+
+
+class SecretResolver:
+    """Reads keys of Secrets through kubernetes_asyncio, caching each Secret for the run."""
+
+    def __init__(self, kube: KubeApi, masker: Masker) -> None:
+        self._kube = kube
+        self._masker = masker
+        self._cache: dict[tuple[str, str], dict[str, str]] = {}
+
+    async def get(self, ref: SecretRef, path: str) -> str:
+        """The text of ``ref``'s key; ``path`` (the spec field) names it in errors."""
+        data = self._cache.get((ref.namespace, ref.name))
+        if data is None:
+            data = await self._read(ref, path)
+            self._cache[(ref.namespace, ref.name)] = data
+        encoded = data.get(ref.key)
+        where = f"secret {ref.namespace}/{ref.name}"
+        if encoded is None:
+            raise ExecutorError(f"{path}: {where} has no key {ref.key!r}")
+        try:
+            value = base64.b64decode(encoded, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError) as exc:
+            raise ExecutorError(f"{path}: key {ref.key!r} of {where} is not UTF-8 text") from exc
+        self._masker.add(value)
+        return value
+
+    async def _read(self, ref: SecretRef, path: str) -> dict[str, str]:
+        from kubernetes_asyncio import client
+
+        api = client.CoreV1Api(self._kube.api_client())
+        where = f"secret {ref.namespace}/{ref.name}"
+        try:
+            secret = await api.read_namespaced_secret(ref.name, ref.namespace)
+        except client.exceptions.ApiException as exc:
+            if exc.status == 404:
+                raise ExecutorError(f"{path}: {where} not found") from exc
+            if exc.status == 403:
+                raise ExecutorError(
+                    f"{path}: the agent may not read {where} (HTTP 403); grant it get on secrets"
+                ) from exc
+            raise ExecutorError(f"{path}: cannot read {where}: HTTP {exc.status}") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise ExecutorError(f"{path}: cannot reach the Kubernetes API: {exc}") from exc
+        return dict(secret.data or {})
+
+
+class ValueResolver:
+    """Plain JSON from spec values: ``secretRef`` read, ``outputRef`` looked up.
+
+    ``outputs`` maps each finished step of a flow to its outputs; output
+    values marked sensitive are registered with the masker when used.
+    """
+
+    def __init__(
+        self,
+        secrets: SecretResolver,
+        masker: Masker,
+        outputs: Mapping[str, Mapping[str, OutputValue]] | None = None,
+    ) -> None:
+        self.secrets = secrets
+        self.masker = masker
+        self.outputs: Mapping[str, Mapping[str, OutputValue]] = {} if outputs is None else outputs
+
+    async def resolve(self, value: Value, path: str) -> Any:
+        if isinstance(value, SecretRef):
+            return await self.secrets.get(value, path)
+        if isinstance(value, OutputRef):
+            return self._output(value, path)
+        if isinstance(value, dict):
+            return {
+                key: await self.resolve(item, join_path(path, key)) for key, item in value.items()
+            }
+        if isinstance(value, list):
+            return [await self.resolve(item, join_path(path, i)) for i, item in enumerate(value)]
+        return value
+
+    def _output(self, ref: OutputRef, path: str) -> Any:
+        step = self.outputs.get(ref.step)
+        if step is None:
+            raise ExecutorError(f"{path}: step {ref.step!r} gave no outputs (did it fail?)")
+        output = step.get(ref.output)
+        if output is None:
+            raise ExecutorError(f"{path}: step {ref.step!r} has no output {ref.output!r}")
+        if output.sensitive:
+            self.masker.add(output.as_text())
+        return output.value

@@ -1,0 +1,169 @@
+"""Run ``type: tofu``: fetch, select the backend, init, plan or apply, read the outputs.
+
+The binary is ``tofu`` on the PATH, else ``terraform``. The backend is chosen
+by an override file (``_tunnel_backend_override.tf``), which replaces any
+backend the configuration declares: ``kubernetes`` (state in a Secret of the
+backend namespace; in-cluster credentials, or ``config_path`` = the agent's
+kubeconfig outside a cluster) or, when the spec asks for ``local``, a state
+file in the run's directory that is discarded with it.
+
+Variables go in the environment as ``TF_VAR_<name>`` (strings as they are,
+anything else as JSON), never on the command line. ``output -json`` is read
+without being logged; sensitive outputs are masked from then on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from tunnel_commands import KubernetesBackend, TofuSpec
+
+from .errors import ExecutorError, ProcessError
+from .git import fetch_source
+from .process import ProcessResult, find_binary, run_process
+from .secrets import OutputValue
+from .steps import Step, StepReport
+
+__all__ = ["BACKEND_OVERRIDE", "backend_override", "run_tofu", "variable_environment"]
+
+BACKEND_OVERRIDE = "_tunnel_backend_override.tf"
+_MAX_OUTPUT_JSON = 4 << 20
+_APPLIED = re.compile(r"Resources: (\d+) added, (\d+) changed, (\d+) destroyed")
+_PLANNED = re.compile(r"Plan: (\d+) to add, (\d+) to change, (\d+) to destroy")
+
+
+def _hcl_string(value: str) -> str:
+    """A quoted HCL string: JSON escapes, and no template sequences."""
+    return json.dumps(value).replace("${", "$${").replace("%{", "%%{")
+
+
+def backend_override(
+    spec: TofuSpec, *, namespace: str, kubeconfig: Path | None, workdir: Path
+) -> str:
+    """The override file's text that selects the spec's backend."""
+    backend = spec.backend
+    if isinstance(backend, KubernetesBackend):
+        settings = {
+            "secret_suffix": _hcl_string(backend.secret_suffix),
+            "namespace": _hcl_string(backend.namespace or namespace),
+        }
+        if kubeconfig is None:
+            settings["in_cluster_config"] = "true"
+        else:
+            settings["config_path"] = _hcl_string(str(kubeconfig))
+        kind = "kubernetes"
+    else:
+        settings = {"path": _hcl_string(str(workdir / "terraform.tfstate"))}
+        kind = "local"
+    lines = [f"    {key} = {value}" for key, value in settings.items()]
+    return 'terraform {\n  backend "' + kind + '" {\n' + "\n".join(lines) + "\n  }\n}\n"
+
+
+def variable_environment(variables: dict[str, Any]) -> dict[str, str]:
+    """``TF_VAR_<name>`` for each resolved variable."""
+    return {
+        f"TF_VAR_{name}": value if isinstance(value, str) else json.dumps(value)
+        for name, value in variables.items()
+    }
+
+
+async def run_tofu(spec: TofuSpec, step: Step) -> StepReport:
+    context = step.context
+    binary = find_binary(["tofu", "terraform"], context.environment)
+    name = Path(binary).name
+    variables = {
+        key: await step.values.resolve(value, step.path_of("variables", key))
+        for key, value in spec.variables.items()
+    }
+    module = await fetch_source(spec.source, step.workdir / "source", step, step.path_of("git"))
+    (module / BACKEND_OVERRIDE).write_text(
+        backend_override(
+            spec, namespace=context.namespace, kubeconfig=context.kubeconfig, workdir=step.workdir
+        )
+    )
+    environment = {
+        **context.environment,
+        **variable_environment(variables),
+        "TF_IN_AUTOMATION": "1",
+        "TF_INPUT": "0",
+        "CHECKPOINT_DISABLE": "1",
+    }
+    counts: dict[str, int] = {}
+
+    def on_line(line: str) -> None:
+        if match := _APPLIED.search(line) or _PLANNED.search(line):
+            counts.update(zip(("add", "change", "destroy"), map(int, match.groups()), strict=True))
+        step.emit(line)
+
+    async def run(*arguments: str, capture: bool = False) -> ProcessResult:
+        return await run_process(
+            [binary, *arguments],
+            cwd=module,
+            environment=environment,
+            emit=on_line,
+            kill_grace=context.kill_grace,
+            capture_stdout=capture,
+            stdout_limit=_MAX_OUTPUT_JSON,
+        )
+
+    def failed(what: str, result: ProcessResult) -> ProcessError:
+        return ProcessError(
+            f"{step.path}: {name} {what} failed (exit {result.returncode}): {result.last_error}",
+            returncode=result.returncode,
+        )
+
+    result = await run("init", "-input=false", "-no-color")
+    if result.returncode != 0:
+        raise failed("init", result)
+    summary: dict[str, Any] = {"binary": name, "mode": "plan" if spec.plan else "apply"}
+    outputs: dict[str, OutputValue] = {}
+    if spec.plan:
+        result = await run("plan", "-input=false", "-no-color", "-detailed-exitcode")
+        if result.returncode not in (0, 2):
+            raise failed("plan", result)
+        summary["changes"] = result.returncode == 2
+    else:
+        result = await run("apply", "-auto-approve", "-input=false", "-no-color")
+        if result.returncode != 0:
+            raise failed("apply", result)
+        result = await run("output", "-json", "-no-color", capture=True)
+        if result.returncode != 0:
+            raise failed("output", result)
+        outputs = _outputs(result.stdout, step)
+    summary["resources"] = counts or None
+    summary["outputs"] = sorted(outputs)
+    return StepReport(summary, outputs)
+
+
+def _outputs(data: bytes, step: Step) -> dict[str, OutputValue]:
+    try:
+        document = json.loads(data) if data.strip() else {}
+    except ValueError as exc:
+        raise ExecutorError(f"{step.path}: the output of output -json is not JSON") from exc
+    if not isinstance(document, dict):
+        raise ExecutorError(f"{step.path}: the output of output -json is not a mapping")
+    outputs = {}
+    for key, entry in document.items():
+        if not isinstance(entry, dict) or "value" not in entry:
+            continue
+        output = OutputValue(entry["value"], bool(entry.get("sensitive")))
+        if output.sensitive:
+            _mask(step, output.value)
+            step.context.masker.add(output.as_text())
+        outputs[str(key)] = output
+    return outputs
+
+
+def _mask(step: Step, value: Any) -> None:
+    """Mask each string inside a sensitive output (a map of credentials ...)."""
+    if isinstance(value, str):
+        step.context.masker.add(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _mask(step, item)
+    elif isinstance(value, list):
+        for item in value:
+            _mask(step, item)
