@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import signal
 import sys
@@ -13,19 +12,24 @@ from pathlib import Path
 from protocol import Keepalive, kinds
 from protocol.errors import TunnelError
 from tunnel_cli import configure_logging, env_flag, parse_duration
+from tunnel_mux import Session
 from tunnel_pki.errors import PkiError
 from tunnel_pki.names import validate_cluster_name
 
 from . import __version__
+from .commands import build_command_runner
 from .config import AgentSettings, ConnectSettings
 from .connector import Agent
 from .credentials import CredentialStore, DirectoryCredentialStore, SecretCredentialStore
 from .errors import AgentConfigError, AgentStoppedError
 from .health import start_health_server
+from .journal import Journal
 from .kubeapi import KubeApi, load_kube_configuration
 from .kubeproxy import KubeProxy
+from .metrics import AgentMetrics
 from .policy import ProxyPolicy
 from .router import StreamRouter
+from .runner import RunnerSettings
 
 __all__ = ["build_parser", "main", "settings_from_args"]
 
@@ -124,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(
         run,
+        "--commands-concurrency",
+        env + "COMMANDS_CONCURRENCY",
+        default="2",
+        help="commands run at once (others wait in a queue)",
+    )
+    env_flag(
+        run,
         "--log-format",
         env + "LOG_FORMAT",
         default="text",
@@ -178,6 +189,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         credentials_dir=credentials_dir,
         kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
         health_listen=health,
+        commands_concurrency=_positive_int(args.commands_concurrency, "--commands-concurrency"),
         proxy=ProxyPolicy(
             read_only=bool(args.read_only),
             namespaces=frozenset(n.strip() for n in str(args.namespaces).split(",") if n.strip()),
@@ -193,6 +205,16 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
     )
 
 
+def _positive_int(value: object, flag: str) -> int:
+    try:
+        number = int(str(value))
+    except ValueError:
+        number = 0
+    if not 1 <= number <= 64:
+        raise AgentConfigError(f"{flag} must be a whole number from 1 to 64, not {value!r}")
+    return number
+
+
 def _read(path: str, what: str) -> bytes:
     try:
         return Path(path).read_bytes()
@@ -201,29 +223,68 @@ def _read(path: str, what: str) -> bytes:
 
 
 async def run_agent(settings: AgentSettings) -> None:
-    """Run the agent with its health endpoint until stopped or a signal arrives."""
+    """Run the agent, its command runner and its health endpoint until a signal."""
     kube = KubeApi(await load_kube_configuration(settings.kubeconfig))
     store: CredentialStore
     if settings.credentials_dir is not None:
         store = DirectoryCredentialStore(settings.credentials_dir)
+        namespace = "default"
     else:
         assert settings.credentials_secret is not None
         store = SecretCredentialStore(kube.api_client(), *settings.credentials_secret)
+        namespace = settings.credentials_secret[0]
+    proxy = KubeProxy(kube, settings.proxy)
+    runner = build_command_runner(
+        kube,
+        Journal(store),
+        namespace=namespace,
+        kubeconfig=settings.kubeconfig,
+        settings=RunnerSettings(concurrency=settings.commands_concurrency),
+    )
     router = StreamRouter()
-    router.add(kinds.STREAM_HTTP, KubeProxy(kube, settings.proxy).handle)
-    agent = Agent(settings, store, on_stream=router)
+    router.add(kinds.STREAM_HTTP, proxy.handle)
+    router.add(kinds.STREAM_COMMAND, runner.handle_offer)
+    current: list[Session] = []
+
+    def connected(session: Session) -> None:
+        current[:] = [session]
+        runner.connected(session)
+
+    def disconnected() -> None:
+        runner.disconnected()
+        for session in current:
+            metrics.sessions.retire(session)
+        current.clear()
+
+    agent = Agent(
+        settings,
+        store,
+        on_stream=router,
+        on_message=runner.on_message,
+        on_connected=connected,
+        on_disconnected=disconnected,
+    )
+    metrics = AgentMetrics(agent, proxy, runner)
     health = None
     if settings.health_listen is not None:
-        health, port = await start_health_server(agent, *settings.health_listen)
+        health, port = await start_health_server(agent, *settings.health_listen, metrics)
         logger.info("health endpoints on %s:%d", settings.health_listen[0], port)
-    task = asyncio.create_task(agent.run())
+    tasks = [
+        asyncio.create_task(agent.run(), name="agent"),
+        asyncio.create_task(runner.run(), name="command runner"),
+    ]
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, task.cancel)
+        loop.add_signal_handler(signum, tasks[0].cancel)
     try:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # The agent's loop ends the whole: a signal, or a stop a person must fix.
+        await asyncio.wait([tasks[0]])
+        if not tasks[0].cancelled():
+            tasks[0].result()  # re-raises why the agent stopped
     finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if health is not None:
             await health.cleanup()
         await kube.close()

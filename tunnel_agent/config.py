@@ -42,4 +42,5 @@ class AgentSettings:
     kubeconfig: Path | None = None
     health_listen: tuple[str, int] | None = None
     connect: ConnectSettings = field(default_factory=ConnectSettings)
+    commands_concurrency: int = 2
     proxy: ProxyPolicy = field(default_factory=ProxyPolicy)

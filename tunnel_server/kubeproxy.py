@@ -131,7 +131,9 @@ async def _relay(
         raise _Refusal(403, "Forbidden", f"user {user.name} has no grant on cluster {cluster}")
     path = _upstream_path(request, cluster)
     exchange.path = path.split("?", 1)[0]
-    exchange.verb = parse_api_request(request.method, path).verb
+    api_request = parse_api_request(request.method, path)
+    # exec, attach, portforward are audited as what they are, not as get/create.
+    exchange.verb = api_request.subresource if api_request.is_connect else api_request.verb
     headers = _forwarded_headers(request, user, grant)
     agent = context.registry.get(cluster)
     if agent is None:

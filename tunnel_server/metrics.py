@@ -28,6 +28,10 @@ KNOWN_VERBS = frozenset(
         "options",
         "post",
         "put",
+        "exec",
+        "attach",
+        "portforward",
+        "proxy",
     }
 )
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60)

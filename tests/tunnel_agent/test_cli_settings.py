@@ -193,6 +193,15 @@ AGENT_FLAGS = [
         env_against_flag="0",
     ),
     FlagCase(
+        "--commands-concurrency",
+        "TUNNEL_AGENT_COMMANDS_CONCURRENCY",
+        "4",
+        "8",
+        lambda a, s: s.commands_concurrency,
+        4,
+        8,
+    ),
+    FlagCase(
         "--health-listen",
         "TUNNEL_AGENT_HEALTH_LISTEN",
         "0.0.0.0:9000",

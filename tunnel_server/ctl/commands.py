@@ -173,6 +173,11 @@ def _follow(client: ApiClient, command_id: str, output: str) -> int:
     else:
         outcome = final["state"]
         detail = f": {final['error']}" if final.get("error") else ""
+        result = final.get("result") or {}
+        if result.get("summary"):
+            print(json.dumps(result["summary"], indent=2))
+        if result.get("outputs"):
+            print(f"outputs (kept in the cluster): {', '.join(result['outputs'])}")
         print(f"# command {command_id} {outcome}{detail}", file=sys.stderr)
     return 0 if final["state"] == _FINAL_OK else 1
 

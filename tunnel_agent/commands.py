@@ -1,0 +1,59 @@
+"""The agent's command service: the runner, fed by the executors.
+
+Joins :mod:`tunnel_agent.runner` (offers, journal, reports) to
+:mod:`tunnel_agent.executors` (what each command type does) and to the
+shared spec validation of :mod:`tunnel_commands`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tunnel_commands import CommandSpecError, parse_command
+
+from .executors import ExecutionContext, execute
+from .journal import Journal
+from .kubeapi import KubeApi
+from .runner import CommandRunner, JobContext, RunnerSettings
+
+__all__ = ["build_command_runner", "validate_spec"]
+
+
+def validate_spec(spec: dict[str, Any]) -> None:
+    """Raise ValueError, naming the field, unless ``spec`` is a valid command."""
+    try:
+        parse_command(spec)
+    except CommandSpecError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def build_command_runner(
+    kube: KubeApi,
+    journal: Journal,
+    *,
+    namespace: str,
+    kubeconfig: Path | None,
+    settings: RunnerSettings | None = None,
+) -> CommandRunner:
+    """A runner whose jobs run through the executors with the agent's API access."""
+
+    async def run(spec: dict[str, Any], job: JobContext) -> dict[str, Any]:
+        context = ExecutionContext(
+            command_id=job.command_id,
+            attempt=job.attempt,
+            kube=kube,
+            workdir=job.workdir,
+            log=job.log,
+            kubeconfig=kubeconfig,
+            namespace=namespace,
+        )
+        result = await execute(parse_command(spec), context)
+        return {
+            "outcome": result.outcome,
+            "summary": result.summary,
+            "outputs": list(result.outputs),
+            "error": result.error,
+        }
+
+    return CommandRunner(run, validate_spec, journal, settings)
