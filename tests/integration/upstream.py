@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
+from tunnel_mux.upgraded import UpgradedReader
+
 
 @dataclass
 class Upstream:
@@ -22,6 +24,7 @@ class Upstream:
     requests: list[tuple[str, str, CIMultiDictProxy[str]]] = field(default_factory=list)
     stream_lines: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
     stream_started: asyncio.Event = field(default_factory=asyncio.Event)
+    raw_ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @asynccontextmanager
@@ -33,6 +36,8 @@ async def running_upstream() -> AsyncIterator[Upstream]:
 
     async def echo(request: web.Request) -> web.StreamResponse:
         await record(request)
+        if request.headers.get("Upgrade", "") == "SPDY/3.1":
+            return await raw_echo(request)
         if request.headers.get("Upgrade", "").lower() == "websocket":
             ws = web.WebSocketResponse(protocols=["v5.channel.k8s.io"])
             await ws.prepare(request)
@@ -56,6 +61,22 @@ async def running_upstream() -> AsyncIterator[Upstream]:
             {"method": request.method, "path": request.path_qs, "body": body.decode()},
             headers={"X-Upstream": "yes"},
         )
+
+    async def raw_echo(request: web.Request) -> web.StreamResponse:
+        # A non-WebSocket upgrade: after the 101, echo raw bytes until EOF.
+        reader = UpgradedReader(request.transport)
+        request.protocol.set_parser(reader)  # type: ignore[arg-type]
+        response = web.StreamResponse(
+            status=101, headers={"Connection": "Upgrade", "Upgrade": "SPDY/3.1"}
+        )
+        response.force_close()
+        await response.prepare(request)
+        while chunk := await reader.read():
+            await response.write(b"echo:" + chunk)
+        upstream.raw_ended.set()
+        if request.transport is not None:
+            request.transport.close()
+        return response
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", echo)
