@@ -12,7 +12,7 @@ from typing import Any
 
 from tunnel_commands import CommandSpecError, parse_command
 
-from .executors import ExecutionContext, execute
+from .executors import ExecutionContext, execute, subprocess_environment
 from .journal import Journal
 from .kubeapi import KubeApi
 from .runner import CommandRunner, JobContext, RunnerSettings
@@ -35,8 +35,13 @@ def build_command_runner(
     namespace: str,
     kubeconfig: Path | None,
     settings: RunnerSettings | None = None,
+    environment: dict[str, str] | None = None,
 ) -> CommandRunner:
-    """A runner whose jobs run through the executors with the agent's API access."""
+    """A runner whose jobs run through the executors with the agent's API access.
+
+    ``environment`` is the base environment of helm, tofu and git (by default
+    the part of the agent's own that executors pass on).
+    """
 
     async def run(spec: dict[str, Any], job: JobContext) -> dict[str, Any]:
         context = ExecutionContext(
@@ -47,6 +52,9 @@ def build_command_runner(
             log=job.log,
             kubeconfig=kubeconfig,
             namespace=namespace,
+            environment=(
+                dict(environment) if environment is not None else subprocess_environment()
+            ),
         )
         result = await execute(parse_command(spec), context)
         return {
