@@ -29,7 +29,7 @@ from .statedir import ServerIdentity, ensure_admin, prepare_state_dir
 from .store.base import AlreadyExistsError, NotFoundError, StoreError
 from .store.sqlite import SqliteStore
 
-__all__ = ["create_app", "run_server", "start_server"]
+__all__ = ["create_app", "run_server", "start_server", "stop_server"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,6 @@ def create_app(settings: ServerSettings, identity: ServerIdentity) -> web.Applic
     setup_user_api(app)
     setup_kube_proxy(app)
     setup_command_api(app)
-    app.on_shutdown.append(_shutdown)
     return app
 
 
@@ -76,20 +75,13 @@ def _lifecycle(
                 revoked=await store.revoked_serials(),
             )
             app[CONTEXT] = context
-            async for _ in audit.run():
-                async for _ in commands.run():
-                    yield
-                    await context.registry.close(grace=0)
+            async with audit.running(), commands.running():
+                yield
+                await context.registry.close(grace=0)
         finally:
             await store.close()
 
     return lifecycle
-
-
-async def _shutdown(app: web.Application) -> None:
-    # GOAWAY to every agent; open streams get the grace period to finish.
-    context = app[CONTEXT]
-    await context.registry.close(context.settings.tunnel.shutdown_grace)
 
 
 @web.middleware
@@ -162,6 +154,20 @@ async def start_server(settings: ServerSettings) -> tuple[web.AppRunner, int]:
     return runner, port
 
 
+async def stop_server(runner: web.AppRunner) -> None:
+    """Shut down gracefully: GOAWAY to every agent, let open streams finish
+    (up to the shutdown grace), then close everything.
+
+    The agents' sessions are drained before aiohttp's own shutdown, which
+    closes every connection, WebSockets included, and would cut them short.
+    """
+    context = runner.app[CONTEXT]
+    for site in list(runner.sites):
+        await site.stop()  # no new connections meanwhile
+    await context.registry.close(context.settings.tunnel.shutdown_grace)
+    await runner.cleanup()
+
+
 async def run_server(settings: ServerSettings) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully."""
     runner, _ = await start_server(settings)
@@ -173,4 +179,4 @@ async def run_server(settings: ServerSettings) -> None:
         await stop.wait()
         logger.info("shutting down: GOAWAY to every agent")
     finally:
-        await runner.cleanup()
+        await stop_server(runner)

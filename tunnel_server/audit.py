@@ -8,6 +8,7 @@ requests wait for room rather than lose their events.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -36,8 +37,9 @@ class AuditWriter:
         """Wait until every queued event is written."""
         await self._queue.join()
 
-    async def run(self) -> AsyncIterator[None]:
-        """An aiohttp cleanup context: write while the app runs, flush at the end."""
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Write while the block runs; flush what is queued at its end."""
         self._task = asyncio.create_task(self._write_forever(), name="audit writer")
         try:
             yield

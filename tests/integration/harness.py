@@ -21,7 +21,7 @@ from tunnel_agent.config import AgentSettings, ConnectSettings
 from tunnel_agent.connector import Agent, StreamHandler
 from tunnel_agent.credentials import DirectoryCredentialStore
 from tunnel_pki.tls import client_context
-from tunnel_server.app import start_server
+from tunnel_server.app import start_server, stop_server
 from tunnel_server.config import (
     IdentitySettings,
     ListenSettings,
@@ -55,6 +55,7 @@ class RunningServer:
     ca_pem: bytes = b""
     admin_token: str = ""
     _http: aiohttp.ClientSession | None = field(default=None, repr=False)
+    _stopped: bool = False
 
     @property
     def context(self) -> ServerContext:
@@ -90,7 +91,10 @@ class RunningServer:
         return result
 
     async def stop(self) -> None:
-        await self.runner.cleanup()
+        """Shut down as on SIGTERM (idempotent)."""
+        if not self._stopped:
+            self._stopped = True
+            await stop_server(self.runner)
 
 
 @contextlib.asynccontextmanager
@@ -106,7 +110,7 @@ async def running_server(settings: ServerSettings) -> AsyncIterator[RunningServe
         try:
             yield server
         finally:
-            await runner.cleanup()
+            await server.stop()
 
 
 def agent_settings(

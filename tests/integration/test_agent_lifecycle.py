@@ -7,6 +7,7 @@ import dataclasses
 from datetime import timedelta
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from protocol import Keepalive
@@ -202,3 +203,77 @@ async def test_server_notices_a_silent_agent_within_the_keepalive_deadline(
             elapsed = loop.time() - started
             assert "PING" in (session.session.close_reason or "")
             assert elapsed < keepalive.interval + keepalive.timeout + 1.0
+
+
+async def test_expired_credentials_with_a_valid_token_bootstrap_again(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    from datetime import UTC, datetime
+
+    from tunnel_agent.credentials import Credentials, DirectoryCredentialStore
+    from tunnel_pki.ca import CertificateAuthority
+    from tunnel_pki.csr import make_csr
+    from tunnel_pki.keys import generate_private_key, private_key_to_pem
+
+    token = await server.add_cluster("prod-eu")
+    state = server.settings.state_dir
+    ca = CertificateAuthority.load((state / "ca.crt").read_bytes(), (state / "ca.key").read_bytes())
+    key = generate_private_key()
+    long_ago = datetime(2020, 1, 1, tzinfo=UTC)
+    expired = ca.sign_client_csr(make_csr(key, "prod-eu"), "prod-eu", timedelta(days=1), long_ago)
+    store = DirectoryCredentialStore(tmp_path / "creds")
+    await store.save(Credentials("prod-eu", private_key_to_pem(key), expired.cert_pem, ca.cert_pem))
+    async with running_agent(agent_settings(server, "prod-eu", token, tmp_path / "creds")) as a:
+        await a.wait_connected()
+        assert a.agent.bootstraps == 1
+        assert a.agent.credentials is not None
+        assert a.agent.credentials.serial != expired.serial
+
+
+async def test_graceful_shutdown_lets_an_open_request_finish_and_tells_agents_to_go(
+    tmp_path: Path,
+) -> None:
+    from protocol import kinds
+    from tunnel_agent.kubeproxy import KubeProxy
+    from tunnel_agent.policy import ProxyPolicy
+    from tunnel_agent.router import StreamRouter
+    from tunnel_pki.tls import client_context
+
+    from .test_kubeproxy_relay import agent_kube_api
+    from .upstream import running_upstream
+
+    settings = server_settings(tmp_path / "state")
+    settings = dataclasses.replace(
+        settings, tunnel=dataclasses.replace(settings.tunnel, shutdown_grace=10.0)
+    )
+    async with running_server(settings) as server, running_upstream() as upstream:
+        token = await server.add_cluster("prod-eu")
+        status, alice = await server.api("POST", "/api/v1/users", {"name": "alice"})
+        assert status == 201
+        await server.api("PUT", "/api/v1/grants/alice/prod-eu", {})
+        api = agent_kube_api(upstream)
+        router = StreamRouter()
+        router.add(kinds.STREAM_HTTP, KubeProxy(api, ProxyPolicy()).handle)
+        agent_config = agent_settings(server, "prod-eu", token, tmp_path / "creds")
+        async with running_agent(agent_config, on_stream=router) as running:
+            await running.wait_connected()
+            session = running.agent.session
+            assert session is not None
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(
+                    f"{server.url}/k8s/clusters/prod-eu/api/v1/stream",
+                    headers={"Authorization": f"Bearer {alice['token']}"},
+                    ssl=client_context(server.ca_pem),
+                ) as response,
+            ):
+                await upstream.stream_started.wait()
+                stopping = asyncio.create_task(server.stop())
+                # The agent is told to go away; the open request keeps going.
+                await until(lambda: session.connection.going_away, max_turns=10**7)
+                assert not stopping.done()
+                await upstream.stream_lines.put(b"last line\n")
+                await upstream.stream_lines.put(None)
+                assert await response.content.read() == b"last line\n"
+            await stopping
+        await api.close()

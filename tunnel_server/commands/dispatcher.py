@@ -65,8 +65,9 @@ class CommandDispatcher:
 
     # ------------------------------------------------------------- lifecycle
 
-    async def run(self) -> AsyncIterator[None]:
-        """An aiohttp cleanup context: dispatch while the app runs."""
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Dispatch and reap leases while the block runs."""
         self._reaper = asyncio.create_task(self._reap_forever(), name="lease reaper")
         try:
             yield
