@@ -230,6 +230,11 @@ class Connection:
         return len(self._streams)
 
     @property
+    def wants_to_send(self) -> bool:
+        """True when :meth:`data_to_send` may have something to send."""
+        return bool(self._control) or bool(self._ready)
+
+    @property
     def going_away(self) -> bool:
         """True once a GOAWAY was sent or received: no new streams."""
         return self._goaway_sent is not None or self._goaway_received is not None

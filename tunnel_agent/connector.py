@@ -96,6 +96,7 @@ class Agent:
         self.last_error: str | None = None
         self._credentials: Credentials | None = None
         self._renewal: asyncio.Future[tuple[bytes, bytes]] | None = None
+        self._ssl_cache: tuple[bytes | None, ssl.SSLContext] | None = None
 
     @property
     def credentials(self) -> Credentials | None:
@@ -389,14 +390,25 @@ class Agent:
     # ---------------------------------------------------------------- helpers
 
     def _ssl_context(self, credentials: Credentials | None) -> ssl.SSLContext:
+        # Building a context costs milliseconds (files, key parsing); a fleet
+        # retrying after an outage should not pay it on every attempt.
+        key = None if credentials is None else credentials.cert_pem
+        cached = self._ssl_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
         try:
             if credentials is None:
-                return client_context(self.settings.ca_pem)
-            return client_context(
-                self.settings.ca_pem, cert_pem=credentials.cert_pem, key_pem=credentials.key_pem
-            )
+                context = client_context(self.settings.ca_pem)
+            else:
+                context = client_context(
+                    self.settings.ca_pem,
+                    cert_pem=credentials.cert_pem,
+                    key_pem=credentials.key_pem,
+                )
         except PkiError as exc:
             raise AgentConfigError(f"cannot set up TLS: {exc}") from exc
+        self._ssl_cache = (key, context)
+        return context
 
     def _http(self) -> aiohttp.ClientSession:
         # trust_env: HTTPS_PROXY / NO_PROXY (with user:password in the URL) apply.

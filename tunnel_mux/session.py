@@ -249,10 +249,6 @@ class Session:
     async def _timer_loop(self) -> None:
         connection = self.connection
         while not connection.closed:
-            deadline = connection.deadline()
-            now = self._clock()
-            delay = 1.0 if deadline is None else min(max(deadline - now, 0.0), 5.0)
-            await asyncio.sleep(delay)
             try:
                 connection.tick(self._clock())
             except ProtocolError as exc:
@@ -260,7 +256,14 @@ class Session:
                 self._end(SessionClosedError(str(exc)))
                 self._kick()
                 return
-            self._kick()
+            if connection.wants_to_send:
+                self._kick()  # a PING to send; otherwise leave the writer asleep
+            # Sleep until the connection's next deadline: with traffic flowing
+            # it moves later, and this wakes at most once per interval.
+            deadline = connection.deadline()
+            now = self._clock()
+            interval = connection.keepalive.interval
+            await asyncio.sleep(interval if deadline is None else max(deadline - now, 0.0))
 
     # ------------------------------------------------------------- dispatching
 

@@ -84,13 +84,9 @@ async def agent_socket(request: web.Request) -> web.StreamResponse:
 async def _accept_agent(request: web.Request, context: ServerContext) -> web.StreamResponse:
     settings = context.settings.tunnel
     identity = client_identity(request, context)
-    try:
-        await context.store.get_cluster(identity.cluster)
-    except NotFoundError as exc:
-        raise ForbiddenError(
-            f"cluster {identity.cluster} is not registered on this server", code="cluster_unknown"
-        ) from exc
     admission = request.app[_ADMISSION]
+    # Checked before anything costly, and counted only while this server
+    # works on the agent (not while the agent's HELLO is on its way).
     if admission.pending >= settings.max_pending_handshakes:
         # Full jitter: refused agents come back spread over the window.
         raise UnavailableError(
@@ -100,6 +96,13 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
         )
     admission.pending += 1
     try:
+        try:
+            await context.store.get_cluster(identity.cluster)
+        except NotFoundError as exc:
+            raise ForbiddenError(
+                f"cluster {identity.cluster} is not registered on this server",
+                code="cluster_unknown",
+            ) from exc
         websocket = web.WebSocketResponse(
             timeout=settings.close_timeout,
             max_msg_size=settings.limits.message_limit,
@@ -108,33 +111,33 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
             heartbeat=None,  # the protocol's own PING keeps the socket alive
         )
         await websocket.prepare(request)
-        renewals = _Renewals(context, identity.cluster)
-        session = Session(
-            WebSocketTransport(websocket),
-            Connection(
-                Side.SERVER,
-                settings.limits,
-                keepalive=settings.keepalive,
-                info={kinds.INFO_SERVER_VERSION: __version__},
-            ),
-            handlers=SessionHandlers(
-                on_stream=_reports_of(context, identity.cluster),
-                on_message=renewals.on_message,
-            ),
-            label=f"cluster={identity.cluster}",
-        )
-        renewals.session = session
-        context.metrics.track(session)
-        run = asyncio.create_task(session.run(), name=f"session {identity.cluster}")
-        try:
-            hello = await asyncio.wait_for(session.wait_ready(), settings.handshake_timeout)
-        except (TimeoutError, SessionClosedError):
-            await session.close()
-            await run
-            context.metrics.untrack(session)
-            return websocket
     finally:
         admission.pending -= 1
+    renewals = _Renewals(context, identity.cluster)
+    session = Session(
+        WebSocketTransport(websocket),
+        Connection(
+            Side.SERVER,
+            settings.limits,
+            keepalive=settings.keepalive,
+            info={kinds.INFO_SERVER_VERSION: __version__},
+        ),
+        handlers=SessionHandlers(
+            on_stream=_reports_of(context, identity.cluster),
+            on_message=renewals.on_message,
+        ),
+        label=f"cluster={identity.cluster}",
+    )
+    renewals.session = session
+    context.metrics.track(session)
+    run = asyncio.create_task(session.run(), name=f"session {identity.cluster}")
+    try:
+        hello = await asyncio.wait_for(session.wait_ready(), settings.handshake_timeout)
+    except (TimeoutError, SessionClosedError):
+        await session.close()
+        await run
+        context.metrics.untrack(session)
+        return websocket
     agent = AgentConnection(
         cluster=identity.cluster,
         session=session,

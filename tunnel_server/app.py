@@ -21,8 +21,9 @@ from .bootstrap import BOOTSTRAP_PATH, bootstrap
 from .commands import CommandDispatcher, setup_command_api
 from .config import ServerSettings
 from .context import CONTEXT, ServerContext, utcnow
-from .errors import ApiError, ConflictError, NotFoundApiError, UnavailableError
+from .errors import ApiError, ConfigError, ConflictError, NotFoundApiError, UnavailableError
 from .kubeproxy import setup_kube_proxy
+from .listener import BoundedTlsListener
 from .metrics import ServerMetrics
 from .registry import AgentRegistry
 from .statedir import ServerIdentity, ensure_admin, prepare_state_dir
@@ -34,6 +35,7 @@ __all__ = ["create_app", "run_server", "start_server", "stop_server"]
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+LISTENER: web.AppKey[BoundedTlsListener] = web.AppKey("listener", BoundedTlsListener)
 
 
 def create_app(settings: ServerSettings, identity: ServerIdentity) -> web.Application:
@@ -135,21 +137,32 @@ async def start_server(settings: ServerSettings) -> tuple[web.AppRunner, int]:
     runner = web.AppRunner(
         app, handle_signals=False, access_log=None, shutdown_timeout=settings.tunnel.shutdown_grace
     )
-    await runner.setup()
-    site = web.TCPSite(
-        runner,
+
+    def connection() -> asyncio.Protocol:
+        assert runner.server is not None
+        return runner.server()
+
+    listener = BoundedTlsListener(
+        connection,
         settings.listen.host,
         settings.listen.port,
-        ssl_context=ssl_context,
-        backlog=1024,
+        ssl_context,
+        limit=settings.tunnel.max_tls_handshakes,
     )
-    await site.start()
-    port = settings.listen.port
-    server = site._server
-    if isinstance(server, asyncio.Server) and server.sockets:
-        port = server.sockets[0].getsockname()[1]
+    app[LISTENER] = listener  # before setup: a started app's state is frozen
+    await runner.setup()
+    try:
+        port = await listener.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(
+            f"cannot listen on {settings.listen.host}:{settings.listen.port}: {exc.strerror}"
+        ) from exc
     logger.info(
-        "listening on %s:%d (public URL %s)", settings.listen.host, port, settings.listen.public_url
+        "listening on %s:%d (public URL %s)",
+        settings.listen.host,
+        port,
+        settings.listen.public_url,
     )
     return runner, port
 
@@ -162,8 +175,7 @@ async def stop_server(runner: web.AppRunner) -> None:
     closes every connection, WebSockets included, and would cut them short.
     """
     context = runner.app[CONTEXT]
-    for site in list(runner.sites):
-        await site.stop()  # no new connections meanwhile
+    await runner.app[LISTENER].stop()  # no new connections meanwhile
     await context.registry.close(context.settings.tunnel.shutdown_grace)
     await runner.cleanup()
 

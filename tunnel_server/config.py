@@ -77,7 +77,9 @@ class TunnelSettings:
     shutdown_grace: float = 30.0
     #: How long a replaced agent's open streams may finish.
     replace_grace: float = 10.0
-    #: Agent handshakes in progress at once; beyond it agents get 503 + Retry-After.
+    #: TLS handshakes in progress at once; the listen queue holds the rest.
+    max_tls_handshakes: int = 64
+    #: Agent sessions being set up at once; beyond it agents get 503 + Retry-After.
     max_pending_handshakes: int = 256
     #: The most seconds a refused agent is told to wait (it is told a random part).
     max_retry_after: float = 10.0
