@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,7 +31,7 @@ from .statedir import ServerIdentity, ensure_admin, prepare_state_dir
 from .store.base import AlreadyExistsError, NotFoundError, StoreError
 from .store.sqlite import SqliteStore
 
-__all__ = ["create_app", "run_server", "start_server", "stop_server"]
+__all__ = ["create_app", "run_server", "set_tls_read_buffer", "start_server", "stop_server"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +130,24 @@ async def _readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready"})
 
 
+def set_tls_read_buffer(size: int) -> bool:
+    """Make asyncio's TLS connections read ``size`` bytes at once (process-wide).
+
+    CPython keeps this in a class attribute of its TLS protocol, allocated per
+    connection; it has no public setting. Returns False (and changes nothing)
+    where the attribute is missing.
+    """
+    protocol = getattr(asyncio.sslproto, "SSLProtocol", None)
+    if protocol is None or not isinstance(getattr(protocol, "max_size", None), int):
+        logger.warning("cannot set the TLS read buffer on this Python; using its default")
+        return False
+    protocol.max_size = size
+    return True
+
+
 async def start_server(settings: ServerSettings) -> tuple[web.AppRunner, int]:
     """Start listening; return the runner and the bound port (for port 0)."""
+    set_tls_read_buffer(settings.tunnel.tls_read_buffer)
     identity = prepare_state_dir(settings, utcnow())
     ssl_context = server_context(identity.tls_cert_pem, identity.tls_key_pem, identity.ca.cert_pem)
     app = create_app(settings, identity)

@@ -79,6 +79,10 @@ class TunnelSettings:
     replace_grace: float = 10.0
     #: TLS handshakes in progress at once; the listen queue holds the rest.
     max_tls_handshakes: int = 64
+    #: Bytes asyncio reads from a TLS socket at once. CPython's default of 256 KiB
+    #: is allocated per connection and dominates an idle agent's cost
+    #: (docs/benchmarks.md, "Idle agents"); 64 KiB is four TLS records.
+    tls_read_buffer: int = 64 * 1024
     #: Agent sessions being set up at once; beyond it agents get 503 + Retry-After.
     max_pending_handshakes: int = 256
     #: The most seconds a refused agent is told to wait (it is told a random part).

@@ -79,3 +79,11 @@ async def test_agent_metrics_and_fleet_status(server: RunningServer, tmp_path: P
     assert answer["clusters"] == {"total": 2, "connected": 1, "disconnected": ["staging"]}
     assert answer["agents_out_of_date"] == []
     assert answer["commands"]["running"] == 0
+
+
+async def test_the_server_sets_a_smaller_tls_read_buffer(server: RunningServer) -> None:
+    """The per-connection TLS buffer that dominates an idle agent's memory is bounded."""
+    import asyncio.sslproto
+
+    assert asyncio.sslproto.SSLProtocol.max_size == server.settings.tunnel.tls_read_buffer
+    assert server.settings.tunnel.tls_read_buffer == 64 * 1024
