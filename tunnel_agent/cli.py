@@ -240,6 +240,7 @@ async def run_agent(settings: AgentSettings) -> None:
         namespace=namespace,
         kubeconfig=settings.kubeconfig,
         settings=RunnerSettings(concurrency=settings.commands_concurrency),
+        read_only=settings.proxy.read_only,
     )
     router = StreamRouter()
     router.add(kinds.STREAM_HTTP, proxy.handle)

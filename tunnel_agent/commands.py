@@ -20,12 +20,19 @@ from .runner import CommandRunner, JobContext, RunnerSettings
 __all__ = ["build_command_runner", "validate_spec"]
 
 
-def validate_spec(spec: dict[str, Any]) -> None:
-    """Raise ValueError, naming the field, unless ``spec`` is a valid command."""
+def validate_spec(spec: dict[str, Any], *, read_only: bool = False) -> None:
+    """Raise ValueError, naming the field, unless ``spec`` is a valid command.
+
+    A read-only agent runs queries only: every other type changes the cluster.
+    """
     try:
-        parse_command(spec)
+        command = parse_command(spec)
     except CommandSpecError as exc:
         raise ValueError(str(exc)) from exc
+    if read_only and command.type != "query":
+        raise ValueError(
+            f"this agent is read-only: it runs query commands only, not {command.type}"
+        )
 
 
 def build_command_runner(
@@ -36,6 +43,7 @@ def build_command_runner(
     kubeconfig: Path | None,
     settings: RunnerSettings | None = None,
     environment: dict[str, str] | None = None,
+    read_only: bool = False,
 ) -> CommandRunner:
     """A runner whose jobs run through the executors with the agent's API access.
 
@@ -64,4 +72,7 @@ def build_command_runner(
             "error": result.error,
         }
 
-    return CommandRunner(run, validate_spec, journal, settings)
+    def validate(spec: dict[str, Any]) -> None:
+        validate_spec(spec, read_only=read_only)
+
+    return CommandRunner(run, validate, journal, settings)

@@ -97,6 +97,7 @@ class Agent:
         self._credentials: Credentials | None = None
         self._renewal: asyncio.Future[tuple[bytes, bytes]] | None = None
         self._ssl_cache: tuple[bytes | None, ssl.SSLContext] | None = None
+        self._rebootstrapped = False
 
     @property
     def credentials(self) -> Credentials | None:
@@ -111,6 +112,11 @@ class Agent:
             try:
                 await self._serve_one_connection(self._credentials)
                 self.last_error = "the connection ended"
+            except AgentRejectedError as exc:
+                # A reinstall brings a new bootstrap token while the old,
+                # revoked certificate is still stored: trade the token once.
+                self._credentials = await self._bootstrap_after_rejection(exc)
+                continue
             except ConnectError as exc:
                 self.failed_attempts += 1
                 self.last_error = str(exc)
@@ -124,6 +130,24 @@ class Agent:
                 self._credentials = await self._ready_credentials()
 
     # ---------------------------------------------------------------- credentials
+
+    async def _bootstrap_after_rejection(self, rejection: AgentRejectedError) -> Credentials:
+        if self.settings.bootstrap_token is None or self._rebootstrapped:
+            raise rejection
+        self._rebootstrapped = True
+        logger.warning(
+            "%s; trying the bootstrap token for a new certificate",
+            rejection,
+            extra={"cluster": self.settings.cluster},
+        )
+        try:
+            return await self._bootstrap_with_retries()
+        except BootstrapRefusedError as exc:
+            raise AgentRejectedError(
+                f"{rejection}; the bootstrap token did not help either ({exc}). Issue a new "
+                f"token with `tunnelctl cluster token {self.settings.cluster}` and apply the "
+                "manifest it prints"
+            ) from exc
 
     async def _ready_credentials(self) -> Credentials:
         credentials = await self.store.load()

@@ -42,6 +42,7 @@ def setup_user_api(app: web.Application) -> None:
     router.add_post("/api/v1/users", add_user)
     router.add_delete("/api/v1/users/{user}", delete_user)
     router.add_post("/api/v1/users/{user}/tokens", new_user_token)
+    router.add_delete("/api/v1/users/{user}/tokens", revoke_user_tokens)
     router.add_post("/api/v1/users/{user}/kubeconfig", new_kubeconfig)
     router.add_get("/api/v1/grants", list_grants)
     router.add_put("/api/v1/grants/{user}/{cluster}", set_grant)
@@ -81,11 +82,25 @@ async def delete_user(request: web.Request) -> web.Response:
     return json_response({"deleted": name})
 
 
+async def revoke_user_tokens(request: web.Request) -> web.Response:
+    """Revoke every API token of a user (they fail at once on this server)."""
+    admin = await require_admin(request)
+    context = request.app[CONTEXT]
+    name = request.match_info["user"]
+    await context.store.get_user(name)
+    count = await context.store.revoke_api_tokens(name)
+    context.access.invalidate()
+    await _audit(context, admin.name, "user.revoke-tokens", name)
+    return json_response({"user": name, "revoked": count})
+
+
 async def new_user_token(request: web.Request) -> web.Response:
     admin = await require_admin(request)
     context = request.app[CONTEXT]
     name = request.match_info["user"]
     await context.store.get_user(name)
+    if request.query.get("revoke_others") in ("1", "true"):
+        await context.store.revoke_api_tokens(name)
     token = await _issue_token(context, name)
     await _audit(context, admin.name, "user.token", name)
     return json_response({"user": name, "token": token}, status=201)

@@ -62,7 +62,7 @@ def _lifecycle(
         store = await SqliteStore.open(settings.state_dir / "state.db")
         try:
             await ensure_admin(store, settings.state_dir, utcnow())
-            audit = AuditWriter(store)
+            audit = AuditWriter(store, retention=settings.audit_retention)
             registry = AgentRegistry(settings.tunnel.replace_grace)
             metrics = ServerMetrics()
             commands = CommandDispatcher(store, registry, audit, settings.commands, metrics)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 from .store.base import AuditEvent, Store, StoreError
 
@@ -22,8 +23,16 @@ logger = logging.getLogger(__name__)
 class AuditWriter:
     """Batches audit events into the store; owns its one writer task."""
 
-    def __init__(self, store: Store, *, max_queue: int = 10_000, max_batch: int = 500) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        retention: timedelta | None = None,
+        max_queue: int = 10_000,
+        max_batch: int = 500,
+    ) -> None:
         self._store = store
+        self._retention = retention
         self._queue: asyncio.Queue[AuditEvent] = asyncio.Queue(max_queue)
         self._max_batch = max_batch
         self._task: asyncio.Task[None] | None = None
@@ -41,12 +50,28 @@ class AuditWriter:
     async def running(self) -> AsyncIterator[None]:
         """Write while the block runs; flush what is queued at its end."""
         self._task = asyncio.create_task(self._write_forever(), name="audit writer")
+        pruner = asyncio.create_task(self._prune_forever(), name="audit pruner")
         try:
             yield
         finally:
             await self.flush()
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            pruner.cancel()
+            await asyncio.gather(self._task, pruner, return_exceptions=True)
+
+    async def _prune_forever(self) -> None:
+        """Forget events older than the retention, hourly (the trail stays bounded)."""
+        if self._retention is None:
+            return
+        while True:
+            try:
+                removed = await self._store.delete_audit_before(datetime.now(UTC) - self._retention)
+            except StoreError as exc:
+                logger.error("cannot prune the audit trail: %s", exc)
+            else:
+                if removed:
+                    logger.info("pruned %d audit events older than the retention", removed)
+            await asyncio.sleep(3600)
 
     async def _write_forever(self) -> None:
         while True:

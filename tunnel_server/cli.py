@@ -90,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(
         serve,
+        "--audit-retention",
+        env + "AUDIT_RETENTION",
+        default="90d",
+        help="how long audit events are kept",
+    )
+    env_flag(
+        serve,
         "--agent-image",
         env + "AGENT_IMAGE",
         default=ServerSettings.__dataclass_fields__["agent_image"].default,
@@ -132,6 +139,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             shutdown_grace=parse_duration(args.shutdown_grace).total_seconds(),
         ),
         agent_image=args.agent_image,
+        audit_retention=parse_duration(args.audit_retention),
     )
 
 

@@ -115,5 +115,7 @@ class ServerSettings:
     identity: IdentitySettings = field(default_factory=IdentitySettings)
     tunnel: TunnelSettings = field(default_factory=TunnelSettings)
     commands: CommandSettings = field(default_factory=CommandSettings)
+    #: How long audit events are kept.
+    audit_retention: timedelta = timedelta(days=90)
     #: The agent image the install manifest names.
     agent_image: str = "ghcr.io/example/tunnel-agent:0.1.0"

@@ -203,8 +203,8 @@ async def _exchange(
                 await response.write(chunk)
         except SessionError as exc:
             # The agent went away mid-response: end the caller's connection
-            # without the final chunk, so it sees the break (kubectl then
-            # retries a watch from its resourceVersion).
+            # without the final chunk, so the client sees the break (kubectl
+            # get -w exits with an error; informers list and watch again).
             logger.info("response cut short: %s", exc, extra={"cluster": exchange.cluster})
             if request.transport is not None:
                 request.transport.close()

@@ -277,3 +277,49 @@ async def test_graceful_shutdown_lets_an_open_request_finish_and_tells_agents_to
                 assert await response.content.read() == b"last line\n"
             await stopping
         await api.close()
+
+
+async def test_reinstall_after_revocation_trades_the_new_token_for_a_new_certificate(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    token = await server.add_cluster("prod-eu")
+    settings = agent_settings(server, "prod-eu", token, tmp_path / "creds")
+    async with running_agent(settings) as first:
+        await first.wait_connected()
+        old_serial = first.agent.credentials.serial  # type: ignore[union-attr]
+        await server.api("POST", "/api/v1/clusters/prod-eu/revoke")
+        with pytest.raises(AgentRejectedError):
+            await first.task
+    # The reinstall manifest brings a new token; the revoked certificate is still stored.
+    status, answer = await server.api("POST", "/api/v1/clusters/prod-eu/token")
+    assert status == 201
+    renewed = dataclasses.replace(settings, bootstrap_token=answer["bootstrap_token"])
+    async with running_agent(renewed) as second:
+        await second.wait_connected()
+        assert second.agent.bootstraps == 1
+        assert second.agent.credentials is not None
+        assert second.agent.credentials.serial != old_serial
+
+
+async def test_a_new_bootstrap_token_supersedes_the_unused_old_one(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    old = await server.add_cluster("prod-eu")
+    status, _ = await server.api("POST", "/api/v1/clusters/prod-eu/token")
+    assert status == 201
+    async with running_agent(agent_settings(server, "prod-eu", old, tmp_path / "c")) as agent:
+        with pytest.raises(BootstrapRefusedError, match="expired"):
+            await agent.task
+
+
+async def test_revoked_api_tokens_stop_working_at_once(server: RunningServer) -> None:
+    status, alice = await server.api("POST", "/api/v1/users", {"name": "alice"})
+    assert status == 201
+    assert (await server.api("GET", "/api/v1/whoami", token=alice["token"]))[0] == 200
+    status, rotated = await server.api("POST", "/api/v1/users/alice/tokens?revoke_others=1")
+    assert status == 201
+    assert (await server.api("GET", "/api/v1/whoami", token=alice["token"]))[0] == 401
+    assert (await server.api("GET", "/api/v1/whoami", token=rotated["token"]))[0] == 200
+    status, answer = await server.api("DELETE", "/api/v1/users/alice/tokens")
+    assert (status, answer["revoked"]) == (200, 1)
+    assert (await server.api("GET", "/api/v1/whoami", token=rotated["token"]))[0] == 401

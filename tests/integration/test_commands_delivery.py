@@ -227,3 +227,18 @@ async def test_many_commands_run_in_order_within_the_concurrency_limit(
         for item in created:
             await until_state(server, item["id"], "succeeded")
     assert [run[0] for run in script.runs] == [item["id"] for item in created]
+
+
+def test_a_read_only_agent_runs_queries_only() -> None:
+    from tunnel_agent.commands import validate_spec
+
+    validate_spec(command("ok-query"), read_only=True)
+    manifests = {
+        "apiVersion": "tunnel/v1",
+        "type": "manifests",
+        "name": "app",
+        "spec": {"objects": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}}]},
+    }
+    validate_spec(manifests)
+    with pytest.raises(ValueError, match="read-only"):
+        validate_spec(manifests, read_only=True)

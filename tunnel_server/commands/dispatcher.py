@@ -295,6 +295,9 @@ class CommandDispatcher:
     # ----------------------------------------------------------------- leases
 
     async def _reap_forever(self) -> None:
+        # After a restart, leases may have run out while the server was down;
+        # agents get one lease to reconnect and resume before any is judged lost.
+        await asyncio.sleep(self.settings.lease)
         while True:
             await asyncio.sleep(self.settings.reap_interval)
             try:

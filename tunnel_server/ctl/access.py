@@ -30,8 +30,14 @@ def register(commands: Subparsers) -> None:
     delete.set_defaults(run=user_delete)
     token = user_commands.add_parser("token", help="issue another API token for a user")
     token.add_argument("name")
+    token.add_argument(
+        "--revoke-others", action="store_true", help="revoke the user's other tokens (rotation)"
+    )
     output_flag(token)
     token.set_defaults(run=user_token)
+    revoke = user_commands.add_parser("revoke-tokens", help="revoke every API token of a user")
+    revoke.add_argument("name")
+    revoke.set_defaults(run=user_revoke_tokens)
 
     grant = commands.add_parser("grant", help="let a user reach a cluster")
     grant.add_argument("user")
@@ -102,11 +108,18 @@ def user_delete(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def user_token(client: ApiClient, args: argparse.Namespace) -> int:
-    answer = client.request("POST", f"/api/v1/users/{segment(args.name)}/tokens")
+    suffix = "?revoke_others=1" if args.revoke_others else ""
+    answer = client.request("POST", f"/api/v1/users/{segment(args.name)}/tokens{suffix}")
     if args.output == "json":
         print_json(answer)
     else:
         print(answer["token"])
+    return 0
+
+
+def user_revoke_tokens(client: ApiClient, args: argparse.Namespace) -> int:
+    answer = client.request("DELETE", f"/api/v1/users/{segment(args.name)}/tokens")
+    print(f"revoked {answer['revoked']} API token(s) of {args.name}")
     return 0
 
 

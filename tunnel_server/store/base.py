@@ -362,7 +362,10 @@ class Store(CommandStore):
     async def add_bootstrap_token(
         self, token_hash: str, cluster: str, now: datetime, expires_at: datetime
     ) -> BootstrapToken:
-        """Keep a new bootstrap token (its hash) for ``cluster``."""
+        """Keep a new bootstrap token (its hash) for ``cluster``.
+
+        It supersedes the cluster's unused tokens, which expire at ``now``.
+        """
 
     @abc.abstractmethod
     async def consume_bootstrap_token(

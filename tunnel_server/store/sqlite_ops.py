@@ -170,6 +170,12 @@ def add_bootstrap_token(
             "SELECT 1 FROM bootstrap_tokens WHERE token_hash = ?", (token_hash,)
         ).fetchone():
             raise AlreadyExistsError("this bootstrap token is registered already")
+        # A new token supersedes the cluster's unused ones: they expire now.
+        db.execute(
+            "UPDATE bootstrap_tokens SET expires_at = ?"
+            " WHERE cluster = ? AND used_at IS NULL AND expires_at > ?",
+            (encode_time(now), cluster, encode_time(now)),
+        )
         db.execute(
             "INSERT INTO bootstrap_tokens (token_hash, cluster, created_at, expires_at)"
             " VALUES (?, ?, ?, ?)",
