@@ -6,6 +6,7 @@ Every response is JSON; errors are ``{"error": {"status", "code", "message"}}``.
 from __future__ import annotations
 
 import logging
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -19,7 +20,7 @@ from .auth import authenticate, require_admin
 from .context import CONTEXT, ServerContext, utcnow
 from .errors import BadRequestError, NotFoundApiError
 from .httpjson import json_response, read_json, require_str, timestamp
-from .manifest import render_agent_manifest
+from .manifest import ManifestError, render_agent_manifest
 from .statedir import new_token
 from .store.base import Cluster, NotFoundError, hash_token
 
@@ -28,6 +29,7 @@ __all__ = ["setup_api"]
 logger = logging.getLogger(__name__)
 
 RBAC_VARIANTS = ("full", "read-only", "namespaced")
+_NAMESPACE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 def setup_api(app: web.Application) -> None:
@@ -107,17 +109,33 @@ async def add_cluster(request: web.Request) -> web.Response:
     rbac = body.get("rbac", "full")
     if rbac not in RBAC_VARIANTS:
         raise BadRequestError(f"rbac must be one of {', '.join(RBAC_VARIANTS)}")
-    cluster = await context.store.add_cluster(name, utcnow(), rbac)
+    namespaces = _namespaces(body.get("namespaces", []), rbac)
+    # Checked before storing: a refused request leaves no cluster behind.
+    cluster = await context.store.add_cluster(name, utcnow(), rbac, namespaces)
     logger.info("cluster registered by %s", user.name, extra={"cluster": name})
-    install = await _issue_bootstrap(context, name)
+    install = await _issue_bootstrap(context, cluster)
     return json_response({"cluster": _cluster_view(context, cluster), **install}, status=201)
+
+
+def _namespaces(value: Any, rbac: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > 64:
+        raise BadRequestError("namespaces must be a list of at most 64 names")
+    names = tuple(dict.fromkeys(str(item) for item in value))
+    for item in names:
+        if not _NAMESPACE.match(item):
+            raise BadRequestError(f"{item[:64]!r} is not a valid namespace name")
+    if rbac == "namespaced" and not names:
+        raise BadRequestError("a namespaced cluster needs its namespaces (--namespaces a,b)")
+    if rbac != "namespaced" and names:
+        raise BadRequestError("namespaces go with rbac namespaced only")
+    return names
 
 
 async def new_bootstrap_token(request: web.Request) -> web.Response:
     await require_admin(request)
     context = request.app[CONTEXT]
     cluster = await _cluster(request)
-    return json_response(await _issue_bootstrap(context, cluster.name), status=201)
+    return json_response(await _issue_bootstrap(context, cluster), status=201)
 
 
 async def revoke_cluster(request: web.Request) -> web.Response:
@@ -149,18 +167,23 @@ async def _revoke(context: ServerContext, cluster: str) -> int:
     return count
 
 
-async def _issue_bootstrap(context: ServerContext, cluster: str) -> dict[str, Any]:
+async def _issue_bootstrap(context: ServerContext, cluster: Cluster) -> dict[str, Any]:
     now = utcnow()
     token = new_token("tbt")
     expires_at = now + context.settings.identity.bootstrap_token_ttl
-    await context.store.add_bootstrap_token(hash_token(token), cluster, now, expires_at)
-    manifest = render_agent_manifest(
-        cluster=cluster,
-        server_url=context.settings.listen.public_url,
-        ca_pem=context.identity.ca_bundle_pem.decode(),
-        bootstrap_token=token,
-        image=context.settings.agent_image,
-    )
+    await context.store.add_bootstrap_token(hash_token(token), cluster.name, now, expires_at)
+    try:
+        manifest = render_agent_manifest(
+            cluster=cluster.name,
+            server_url=context.settings.listen.public_url,
+            ca_pem=context.identity.ca_bundle_pem.decode(),
+            bootstrap_token=token,
+            image=context.settings.agent_image,
+            rbac=cluster.rbac,
+            namespaces=cluster.namespaces,
+        )
+    except ManifestError as exc:
+        raise BadRequestError(f"cannot render the install manifest: {exc}") from exc
     return {"bootstrap_token": token, "expires_at": timestamp(expires_at), "manifest": manifest}
 
 
@@ -190,6 +213,7 @@ def _cluster_view(context: ServerContext, cluster: Cluster) -> dict[str, Any]:
             "connected_since": timestamp(agent.connected_since),
             "last_seen": timestamp(utcnow()),
             "rbac": cluster.rbac,
+            "namespaces": list(cluster.namespaces),
             "created_at": timestamp(cluster.created_at),
         }
     return {
@@ -200,5 +224,6 @@ def _cluster_view(context: ServerContext, cluster: Cluster) -> dict[str, Any]:
         "connected_since": None,
         "last_seen": timestamp(cluster.last_seen),
         "rbac": cluster.rbac,
+        "namespaces": list(cluster.namespaces),
         "created_at": timestamp(cluster.created_at),
     }

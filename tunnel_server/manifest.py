@@ -50,35 +50,17 @@ AGENT_NAMESPACE = "tunnel-agent"
 RBAC_VARIANTS = ("full", "read-only", "namespaced")
 
 _LOCAL_CONFIG = "config.kubernetes.io/local-config"
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _KUSTOMIZATION_KEYS = frozenset(
     {"apiVersion", "kind", "resources", "components", "patches", "replacements"}
 )
 #: kustomize's default ("legacy") output order; other kinds go in between.
 _ORDER_FIRST = (
-    "Namespace",
-    "ResourceQuota",
-    "StorageClass",
-    "CustomResourceDefinition",
-    "ServiceAccount",
-    "PodSecurityPolicy",
-    "Role",
-    "ClusterRole",
-    "RoleBinding",
-    "ClusterRoleBinding",
-    "ConfigMap",
-    "Secret",
-    "Endpoints",
-    "Service",
-    "LimitRange",
-    "PriorityClass",
-    "PersistentVolume",
-    "PersistentVolumeClaim",
-    "Deployment",
-    "StatefulSet",
-    "CronJob",
-    "PodDisruptionBudget",
-)
+    "Namespace", "ResourceQuota", "StorageClass", "CustomResourceDefinition", "ServiceAccount",
+    "PodSecurityPolicy", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding", "ConfigMap",
+    "Secret", "Endpoints", "Service", "LimitRange", "PriorityClass", "PersistentVolume",
+    "PersistentVolumeClaim", "Deployment", "StatefulSet", "CronJob", "PodDisruptionBudget",
+)  # fmt: skip
 _ORDER_LAST = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
 
@@ -180,7 +162,7 @@ def _agent_values(
 
 
 def _require_label(name: str, what: str) -> None:
-    if not _DNS_LABEL.match(name):
+    if not _DNS_LABEL.fullmatch(name):
         raise ManifestError(
             f"{what}: {name[:70]!r} is not a namespace name (lower-case letters, digits "
             "and '-', at most 63)"
@@ -192,11 +174,11 @@ def _server_port(server_url: str) -> int:
         parts = urlsplit(server_url)
         port = parts.port
     except ValueError as exc:
-        raise ManifestError(f"the server URL {server_url[:100]!r} is not a URL: {exc}") from exc
-    if parts.scheme != "https" or not parts.hostname:
-        raise ManifestError(f"the server URL must be https://HOST[:PORT], not {server_url[:100]!r}")
+        raise ManifestError(f"the server URL is not a URL: {exc}") from exc
     if parts.username is not None or parts.query or parts.fragment:
         raise ManifestError("the server URL must not hold credentials, a query or a fragment")
+    if parts.scheme != "https" or not parts.hostname:
+        raise ManifestError(f"the server URL must be https://HOST[:PORT], not {server_url[:100]!r}")
     return 443 if port is None else port
 
 

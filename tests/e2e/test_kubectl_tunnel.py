@@ -263,9 +263,9 @@ async def test_a_stalled_log_follower_does_not_slow_other_requests(tunnel: Tunne
         finally:
             stalled.close()
     # Every request completed while the stream stayed stalled: no head-of-line
-    # blocking. The timings are recorded for the record, with a loose bound
-    # (speed itself is measured in bench/, not here).
-    assert statistics.median(during) < max(5 * statistics.median(baseline), 0.05)
+    # blocking (which would hold them until the stalled reader read). The bound
+    # only catches that; speed itself is measured in bench/bench_proxy.py.
+    assert statistics.median(during) < max(20 * statistics.median(baseline), 1.0)
 
 
 async def test_agent_loss_ends_a_watch_promptly_and_requests_work_after_it_returns(

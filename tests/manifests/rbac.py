@@ -45,7 +45,7 @@ def grants(objects: list[Object], namespace: str, name: str) -> list[Grant]:
         for obj in objects
         if obj["kind"] in ("Role", "ClusterRole")
     }
-    found = []
+    found: list[Grant] = []
     for binding in objects:
         if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
             continue

@@ -135,9 +135,11 @@ def _arguments(**changes: Any) -> dict[str, Any]:
         ({"rbac": "namespaced", "namespaces": ("Team_A",)}, "not a namespace name"),
         ({"rbac": "namespaced", "namespaces": ("a", "a")}, "must not repeat"),
         ({"namespace": "tunnel agent"}, "not a namespace name"),
+        ({"namespace": "agents\n"}, "not a namespace name"),
         ({"cluster": "Prod EU"}, "cluster"),
         ({"server_url": "http://tunnel.corp.test"}, "https://HOST"),
         ({"server_url": "https://user:pw@tunnel.corp.test"}, "credentials"),
+        ({"server_url": "http://user:pw@tunnel.corp.test"}, "credentials"),
         ({"server_url": "https://tunnel.corp.test:99999"}, "not a URL"),
         ({"ca_pem": "not a certificate"}, "PEM"),
         ({"bootstrap_token": ""}, "bootstrap token"),
@@ -149,10 +151,13 @@ def test_unusable_arguments_are_refused(changes: dict[str, Any], message: str) -
         render_agent_manifest(**_arguments(**changes))
 
 
-def test_the_refusal_never_echoes_the_bootstrap_token() -> None:
+def test_refusals_never_echo_secrets() -> None:
     with pytest.raises(ManifestError) as caught:
         render_agent_manifest(**_arguments(bootstrap_token="tbt_secret value"))
     assert "tbt_secret" not in str(caught.value)
+    with pytest.raises(ManifestError) as caught:
+        render_agent_manifest(**_arguments(server_url="https://user:hunter2@tunnel.corp.test:1x"))
+    assert "hunter2" not in str(caught.value)
 
 
 @pytest.mark.parametrize(

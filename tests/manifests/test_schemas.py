@@ -10,7 +10,7 @@ import copy
 import shutil
 from pathlib import Path
 
-import kubernetes_validate
+import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
 from .support import (

@@ -30,6 +30,9 @@ def register(commands: Subparsers) -> None:
     )
     add.add_argument("name")
     add.add_argument("--rbac", default="full", choices=["full", "read-only", "namespaced"])
+    add.add_argument(
+        "--namespaces", default="", help="with --rbac namespaced: comma-separated namespaces"
+    )
     output_flag(add)
     add.set_defaults(run=cluster_add)
     token = cluster_commands.add_parser(
@@ -61,7 +64,12 @@ def register(commands: Subparsers) -> None:
 
 
 def cluster_add(client: ApiClient, args: argparse.Namespace) -> int:
-    answer = client.request("POST", "/api/v1/clusters", {"name": args.name, "rbac": args.rbac})
+    namespaces = [name.strip() for name in args.namespaces.split(",") if name.strip()]
+    answer = client.request(
+        "POST",
+        "/api/v1/clusters",
+        {"name": args.name, "rbac": args.rbac, "namespaces": namespaces},
+    )
     return _print_install(answer, args)
 
 

@@ -99,6 +99,8 @@ class Cluster:
     connected_since: datetime | None = None
     last_seen: datetime | None = None
     rbac: str = "full"
+    #: With rbac "namespaced": the namespaces the agent may act in.
+    namespaces: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,7 +323,9 @@ class Store(CommandStore):
     # --- clusters ---
 
     @abc.abstractmethod
-    async def add_cluster(self, name: str, now: datetime, rbac: str = "full") -> Cluster:
+    async def add_cluster(
+        self, name: str, now: datetime, rbac: str = "full", namespaces: tuple[str, ...] = ()
+    ) -> Cluster:
         """Register a cluster."""
 
     @abc.abstractmethod

@@ -130,8 +130,10 @@ class SqliteStore(Store):
 
     # --- clusters ---
 
-    async def add_cluster(self, name: str, now: datetime, rbac: str = "full") -> Cluster:
-        return await self._run(ops.add_cluster, name, now, rbac)
+    async def add_cluster(
+        self, name: str, now: datetime, rbac: str = "full", namespaces: tuple[str, ...] = ()
+    ) -> Cluster:
+        return await self._run(ops.add_cluster, name, now, rbac, namespaces)
 
     async def get_cluster(self, name: str) -> Cluster:
         return await self._run(ops.get_cluster, name)

@@ -147,6 +147,7 @@ def cluster_from_row(row: sqlite3.Row) -> Cluster:
         connected_since=_decode_optional_time(row["connected_since"]),
         last_seen=_decode_optional_time(row["last_seen"]),
         rbac=row["rbac"],
+        namespaces=_decode_groups(row["namespaces"]),
     )
 
 

@@ -91,15 +91,17 @@ _REVOKE_CLUSTER_CERTIFICATES = (
 # --- clusters -------------------------------------------------------------------
 
 
-def add_cluster(db: sqlite3.Connection, name: str, now: datetime, rbac: str) -> Cluster:
+def add_cluster(
+    db: sqlite3.Connection, name: str, now: datetime, rbac: str, namespaces: tuple[str, ...] = ()
+) -> Cluster:
     """See :meth:`Store.add_cluster`."""
-    cluster = Cluster(name=name, created_at=utc(now), rbac=rbac)
+    cluster = Cluster(name=name, created_at=utc(now), rbac=rbac, namespaces=tuple(namespaces))
     with transaction(db):
         if _cluster_row(db, name) is not None:
             raise AlreadyExistsError(f"cluster {name!r} already exists")
         db.execute(
-            "INSERT INTO clusters (name, created_at, rbac) VALUES (?, ?, ?)",
-            (name, encode_time(now), rbac),
+            "INSERT INTO clusters (name, created_at, rbac, namespaces) VALUES (?, ?, ?, ?)",
+            (name, encode_time(now), rbac, encode_groups(tuple(namespaces))),
         )
     return cluster
 

@@ -184,6 +184,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX command_logs_command ON command_logs (command_id, seq)",
         ),
     ),
+    Migration(
+        version=3,
+        description="the namespaces of namespaced clusters",
+        statements=("ALTER TABLE clusters ADD COLUMN namespaces TEXT NOT NULL DEFAULT '[]'",),
+    ),
 )
 """Every migration, in order; ``MIGRATIONS[i].version == i + 1``."""
 
