@@ -282,7 +282,11 @@ class CommandRunner:
             stream = session.open_stream(
                 kinds.STREAM_COMMAND_REPORT, {"id": job.id, "attempt": job.attempt}
             )
-        except (SessionError, LocalProtocolError):
+        except (SessionError, LocalProtocolError) as exc:
+            # Reported again on the next connection (or when a slot frees).
+            logger.warning(
+                "cannot open the report of %s: %s", job.id, exc, extra={"command": job.id}
+            )
             job.reporting = False
             return
         replies = asyncio.create_task(_read_reply(stream))
@@ -295,8 +299,14 @@ class CommandRunner:
             replies.cancel()
             with contextlib.suppress(asyncio.CancelledError, SessionError, MalformedFrameError):
                 await replies
-            if stream.error is None and not stream.at_eof:
-                stream.reset(ErrorCode.CANCEL)
+            if stream.error is None:
+                if replies.done() and not replies.cancelled() and replies.exception() is None:
+                    # The server answered and ends its half: end ours too, or the
+                    # stream stays open on both sides, holding one of the peer's
+                    # max_streams slots (and a place in Session._ending) for good.
+                    stream.end()
+                else:
+                    stream.reset(ErrorCode.CANCEL)
 
     async def _pump(
         self, job: Job, stream: MuxStream, replies: asyncio.Task[dict[str, Any]]

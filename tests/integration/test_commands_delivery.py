@@ -12,6 +12,7 @@ import pytest
 from tunnel_pki.tls import client_context
 from tunnel_server.config import CommandSettings
 
+from ..support import until
 from .commands_support import Script, command, command_agent
 from .harness import RunningServer, agent_settings, running_server, server_settings
 
@@ -226,6 +227,12 @@ async def test_many_commands_run_in_order_within_the_concurrency_limit(
         created = [await submit(server, command(f"ok-{n}")) for n in range(20)]
         for item in created:
             await until_state(server, item["id"], "succeeded")
+        # Every offer and report stream ended on both sides: none leaked.
+        connection = server.context.registry.get("prod-eu")
+        assert connection is not None
+        await until(lambda: connection.session.streams == 0, max_turns=10**7)
+        assert connection.session.connection.open_streams == 0
+    # Offers may overlap, but one agent with concurrency 1 runs them in order.
     assert [run[0] for run in script.runs] == [item["id"] for item in created]
 
 

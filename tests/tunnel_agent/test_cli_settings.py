@@ -518,6 +518,15 @@ SERVER_FLAGS = [
         0.25,
     ),
     FlagCase(
+        "--audit-retention",
+        "TUNNEL_SERVER_AUDIT_RETENTION",
+        "30d",
+        "12h",
+        lambda a, s: s.audit_retention.total_seconds(),
+        30 * 86400.0,
+        12 * 3600.0,
+    ),
+    FlagCase(
         "--agent-image",
         "TUNNEL_SERVER_AGENT_IMAGE",
         "registry.example/agent:env",

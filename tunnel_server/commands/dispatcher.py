@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 _OUTCOMES = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
 _MAX_LOG_LINES = 1000
 _MAX_LINE = 16 * 1024
+#: Offers a dispatch loop keeps in flight to one agent.
+OFFER_WINDOW = 8
 
 
 class CommandDispatcher:
@@ -157,8 +159,19 @@ class CommandDispatcher:
             pending = await self.store.pending_commands(cluster, limit=64)
             if not pending:
                 return
-            for record in pending:
-                if not await self._offer(agent, record):
+            # Up to OFFER_WINDOW offers in flight, opened in queue order: one
+            # offer at a time caps a cluster at one command per round trip.
+            for start in range(0, len(pending), OFFER_WINDOW):
+                window = pending[start : start + OFFER_WINDOW]
+                # Every offer runs to its end (none is left half-open), then
+                # the first failure, if any, goes to _dispatch_forever.
+                taken = await asyncio.gather(
+                    *(self._offer(agent, record) for record in window), return_exceptions=True
+                )
+                for outcome in taken:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                if not all(taken):
                     return  # busy or gone: a later kick resumes
 
     async def _offer(self, agent: AgentConnection, record: CommandRecord) -> bool:
