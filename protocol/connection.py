@@ -107,6 +107,9 @@ class Connection:
         hello, hello_size = hello_frame(versions, self.limits, capabilities, info)
         self._versions = (hello.min_version, hello.max_version)
         self._local_capabilities = hello.capabilities
+        # Bytes queued, and dropped unsent, over the connection's life.
+        self._queued_total = 0
+        self._dropped_total = 0
         self._streams: dict[int, Stream] = {}
         self._local_open = 0
         self._remote_open = 0
@@ -163,11 +166,21 @@ class Connection:
         return list(self._streams)
 
     def send_capacity(self, stream_id: int) -> int:
-        """How many more bytes :meth:`send_data` accepts on the stream now."""
+        """How many more bytes :meth:`send_data` accepts on the stream now.
+
+        The least of the stream's room and the connection's (docs/protocol.md,
+        "Limits": max_send_buffer, max_send_buffer_total).
+        """
         stream = self._streams.get(stream_id)
         if stream is None:
             return 0
-        return max(0, self.limits.max_send_buffer - stream.pending_size)
+        stream_room = self.limits.max_send_buffer - stream.pending_size
+        return max(0, min(stream_room, self.limits.max_send_buffer_total - self.queued_bytes))
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes queued on all streams and not yet framed."""
+        return self._queued_total - self.stats.bytes_sent - self._dropped_total
 
     def send_window(self, stream_id: int = 0) -> int:
         """Credit this side holds on a stream, or on the connection (0)."""
@@ -247,13 +260,15 @@ class Connection:
             stream = self._writable_stream(stream_id, StreamInput.SEND_DATA)  # raises
         size = len(data)
         if size:
-            if stream.pending_size + size > self.limits.max_send_buffer:
+            if size > self.send_capacity(stream_id):
                 raise SendBufferFullError(
-                    f"stream {stream_id} has {stream.pending_size} bytes queued; "
+                    f"stream {stream_id} has {stream.pending_size} bytes queued "
+                    f"({self.queued_bytes} on the connection); "
                     f"wait until send_capacity() allows {size} more"
                 )
             stream.pending.append(data)
             stream.pending_size += size
+            self._queued_total += size
         if end_stream:
             self._send_end(stream)
         elif size and not stream.scheduled and stream.send_window > 0:
@@ -451,6 +466,7 @@ class Connection:
         """Move a stream to its terminal state and stop tracking it."""
         stream.state = state
         stream.pending.clear()
+        self._dropped_total += stream.pending_size
         stream.pending_size = 0
         stream.pending_end = False
         del self._streams[stream.id]

@@ -47,6 +47,9 @@ class Limits:
     connection_window: credit for the whole connection, in bytes.
     max_send_buffer: bytes this side queues per stream before it refuses more
         (local only, not announced).
+    max_send_buffer_total: bytes this side queues on all streams together; with
+        many streams open it, not the per-stream bound, caps the memory held for
+        a slow peer (local only, not announced).
     """
 
     max_frame_size: int = 64 * 1024
@@ -55,6 +58,7 @@ class Limits:
     initial_window: int = 1024 * 1024
     connection_window: int = 16 * 1024 * 1024
     max_send_buffer: int = 1024 * 1024
+    max_send_buffer_total: int = 32 * 1024 * 1024
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -119,6 +123,8 @@ def _problems(limits: Limits) -> list[str]:
         problems.append(f"connection_window {limits.connection_window} is outside 1..{MAX_WINDOW}")
     if limits.max_send_buffer < 1:
         problems.append("max_send_buffer must be positive")
+    if limits.max_send_buffer_total < limits.max_send_buffer:
+        problems.append("max_send_buffer_total must be at least max_send_buffer")
     return problems
 
 

@@ -259,3 +259,33 @@ def test_each_error_carries_its_wire_code(error: str, code: ErrorCode) -> None:
     assert issubclass(cls, ProtocolError)
     assert cls("message").code is code
     assert cls("message", code=ErrorCode.CANCEL).code is ErrorCode.CANCEL
+
+
+def test_the_connection_wide_send_buffer_caps_what_many_streams_queue() -> None:
+    """Per-stream room is not enough with many streams: the total is bounded too."""
+    limits = Limits(max_send_buffer=64 * 1024, max_send_buffer_total=128 * 1024)
+    connection = handshaken(Side.SERVER, limits)
+    first, second, third = (connection.open_stream("http") for _ in range(3))
+    connection.send_data(first, b"a" * 64 * 1024)
+    connection.send_data(second, b"b" * 64 * 1024)
+    assert connection.queued_bytes == 128 * 1024
+    assert connection.send_capacity(third) == 0  # its own buffer is empty, the total is not
+    with pytest.raises(protocol_errors.SendBufferFullError, match="on the connection"):
+        connection.send_data(third, b"c")
+    sent_frames(connection)  # the peer's credit lets the queued bytes be framed
+    assert connection.queued_bytes == 0
+    assert connection.send_capacity(third) == 64 * 1024
+    connection.reset_stream(first)
+    assert connection.queued_bytes == 0
+
+
+def test_bytes_dropped_by_a_reset_free_the_connection_wide_buffer() -> None:
+    limits = Limits(max_send_buffer=64 * 1024, max_send_buffer_total=64 * 1024)
+    connection = handshaken(Side.SERVER, limits, peer_limits=Limits(initial_window=1))
+    stalled = connection.open_stream("http")
+    waiting = connection.open_stream("http")
+    connection.send_data(stalled, b"x" * 64 * 1024)
+    sent_frames(connection)  # one byte of credit: nearly everything stays queued
+    assert connection.send_capacity(waiting) < 16
+    connection.reset_stream(stalled)
+    assert connection.send_capacity(waiting) == 64 * 1024
