@@ -246,8 +246,10 @@ async def test_a_stalled_log_follower_does_not_slow_other_requests(tunnel: Tunne
             f"{pods}/log?follow=true", headers=headers, ssl=ssl, read_bufsize=2**16
         )
         try:
-            # Write far more than the stream's window while nobody reads.
-            line = "x" * 1000
+            # Write far more than the stream's window and every socket buffer
+            # on the way (loopback buffers autotune to several MB) while
+            # nobody reads: 32 MB.
+            line = "x" * 8000
             for _ in range(4000):
                 tunnel.stub.append_log("default", "demo", line)
             session = tunnel.server.context.registry.get("prod-eu")
