@@ -87,6 +87,7 @@ class Session:
         self._ending: set[MuxStream] = set()
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._handler_tasks: set[asyncio.Task[None]] = set()
+        self._handler_of: dict[int, asyncio.Task[None]] = {}
         self._wakeup = asyncio.Event()
         self._wakeup.set()  # the HELLO is already queued
         self._ready: asyncio.Future[HandshakeCompleted] = asyncio.get_running_loop().create_future()
@@ -286,6 +287,11 @@ class Session:
                 stream._fail(StreamResetError(event.code, event.reason, remote=event.remote))
                 self._ending.discard(stream)
                 self._check_idle()
+            handler = self._handler_of.pop(event.stream_id, None)
+            if handler is not None and event.remote:
+                # The peer gave up on the stream: stop its handler now, even if
+                # it waits on something else (e.g. an idle upstream watch).
+                handler.cancel()
         elif type(event) is MessageReceived:
             if self._handlers.on_message is not None:
                 self._handlers.on_message(event.kind, event.body)
@@ -315,7 +321,9 @@ class Session:
             name=f"{self.label} stream {stream.id}",
         )
         self._handler_tasks.add(task)
+        self._handler_of[stream.id] = task
         task.add_done_callback(self._handler_tasks.discard)
+        task.add_done_callback(lambda _: self._handler_of.pop(stream.id, None))
 
     async def _run_handler(
         self, handler: Callable[[MuxStream], Awaitable[None]], stream: MuxStream

@@ -152,7 +152,13 @@ async def start_server(settings: ServerSettings) -> tuple[web.AppRunner, int]:
     ssl_context = server_context(identity.tls_cert_pem, identity.tls_key_pem, identity.ca.cert_pem)
     app = create_app(settings, identity)
     runner = web.AppRunner(
-        app, handle_signals=False, access_log=None, shutdown_timeout=settings.tunnel.shutdown_grace
+        app,
+        handle_signals=False,
+        access_log=None,
+        shutdown_timeout=settings.tunnel.shutdown_grace,
+        # A caller that goes away cancels its handler at once, so a relayed
+        # watch is closed upstream instead of waiting for its next event.
+        handler_cancellation=True,
     )
 
     def connection() -> asyncio.Protocol:

@@ -13,6 +13,7 @@ server's own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -209,7 +210,13 @@ async def _exchange(
             if request.transport is not None:
                 request.transport.close()
             return response
-        await response.write_eof()
+        except ConnectionError:
+            # The caller went away mid-response: end the relayed request too.
+            logger.info("the caller left mid-response", extra={"cluster": exchange.cluster})
+            stream.reset()
+            return response
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
         return response
     finally:
         if uploader is not None:

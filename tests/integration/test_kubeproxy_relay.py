@@ -21,6 +21,7 @@ from tunnel_agent.policy import ProxyPolicy
 from tunnel_agent.router import StreamRouter
 from tunnel_pki.tls import client_context
 
+from ..support import until
 from .harness import RunningAgent, RunningServer, agent_settings, running_agent
 from .upstream import Upstream, running_upstream
 
@@ -280,3 +281,22 @@ async def test_non_websocket_upgrade_is_relayed_byte_for_byte(tunnel: Tunnel) ->
     _, _, headers = tunnel.upstream.requests[-1]
     assert headers["Upgrade"] == "SPDY/3.1"
     assert headers["Impersonate-User"] == "tunnel:alice"
+
+
+async def test_a_caller_that_leaves_a_watch_closes_it_upstream_at_once(tunnel: Tunnel) -> None:
+    """No waiting for the watch's next event: the relay is torn down end to end."""
+    async with aiohttp.ClientSession() as http:
+        response = await http.get(
+            tunnel.base + "/api/v1/stream",
+            headers={"Authorization": f"Bearer {tunnel.token}"},
+            ssl=client_context(tunnel.server.ca_pem),
+        )
+        await tunnel.upstream.stream_started.wait()
+        await tunnel.upstream.stream_lines.put(b"first\n")
+        assert await response.content.readline() == b"first\n"
+        response.close()  # the caller goes away; the upstream stays quiet
+    agent_session = tunnel.agent.agent.session
+    assert agent_session is not None
+    await until(lambda: agent_session.streams == 0, max_turns=10**7)
+    [upstream_connection] = tunnel.upstream.stream_transports
+    await until(upstream_connection.is_closing, max_turns=10**7)

@@ -25,6 +25,7 @@ class Upstream:
     stream_lines: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
     stream_started: asyncio.Event = field(default_factory=asyncio.Event)
     raw_ended: asyncio.Event = field(default_factory=asyncio.Event)
+    stream_transports: list[asyncio.BaseTransport] = field(default_factory=list)
 
 
 @asynccontextmanager
@@ -47,6 +48,8 @@ async def running_upstream() -> AsyncIterator[Upstream]:
         if request.path.endswith("/stream"):
             response = web.StreamResponse(headers={"Content-Type": "application/json"})
             await response.prepare(request)
+            if request.transport is not None:
+                upstream.stream_transports.append(request.transport)
             upstream.stream_started.set()
             while (line := await upstream.stream_lines.get()) is not None:
                 await response.write(line)
