@@ -1,0 +1,62 @@
+"""An experiment: ``tunnel-server serve`` with other protocol limits, or a proposed patch.
+
+The benchmark runs the real ``tunnel-server`` script. With ``--window``,
+``--frame-size`` or ``--patch`` it runs this instead: the same parser,
+settings and :func:`tunnel_server.app.run_server`, with the agent sockets'
+announced :class:`protocol.Limits` changed (per-stream credit, connection
+credit and largest frame) and the patches of :mod:`bench.proxy_patches`
+applied, to see what the defaults cost and what a proposal would gain.
+
+    python -m bench.proxy_server --initial-window BYTES --max-frame-size BYTES -- serve ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+from collections.abc import Sequence
+
+from protocol import Limits
+from tunnel_cli import configure_logging
+from tunnel_server.app import run_server
+from tunnel_server.cli import build_parser, settings_from_args
+
+from .proxy_patches import SERVER_PATCHES, apply
+
+__all__ = ["experiment_limits", "main"]
+
+
+def experiment_limits(initial_window: int, max_frame_size: int) -> Limits:
+    """Default limits with this credit and frame size (connection credit at least 4 streams')."""
+    default = Limits()
+    return default.replace(
+        initial_window=initial_window or default.initial_window,
+        max_frame_size=max_frame_size or default.max_frame_size,
+        connection_window=max(default.connection_window, 4 * (initial_window or 0)),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.proxy_server", description=__doc__)
+    parser.add_argument("--initial-window", type=int, default=0, help="per-stream credit")
+    parser.add_argument("--max-frame-size", type=int, default=0, help="largest DATA frame")
+    parser.add_argument(
+        "--patch", action="append", default=[], choices=SERVER_PATCHES, help="proposed change"
+    )
+    parser.add_argument("serve", nargs=argparse.REMAINDER, help="-- then tunnel-server arguments")
+    args = parser.parse_args(argv)
+    apply(args.patch)
+    serve = args.serve[1:] if args.serve[:1] == ["--"] else args.serve
+    server_args = build_parser().parse_args(serve)
+    configure_logging(server_args.log_format, server_args.log_level)
+    settings = settings_from_args(server_args)
+    limits = experiment_limits(args.initial_window, args.max_frame_size)
+    tunnel = dataclasses.replace(settings.tunnel, limits=limits)
+    asyncio.run(run_server(dataclasses.replace(settings, tunnel=tunnel)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
