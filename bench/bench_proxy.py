@@ -51,9 +51,9 @@ from typing import Any
 
 import aiohttp
 
+from .procs import BenchError, Children, cpu_seconds, memory_kib
 from .proxy_load import Target, WrkResult, bulk, bulk_loop, write_wrk_script, wrk
 from .proxy_patches import AGENT_PATCHES, SERVER_PATCHES
-from .proxy_procs import BenchError, Children, cpu_seconds, memory_kib
 from .proxy_profile import Profile, py_spy, record, summarise
 from .proxy_report import report
 from .proxy_setup import (

@@ -37,8 +37,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from .procs import BenchError, Children, cpu_seconds, free_port, wait_port
 from .proxy_load import Target, write_wrk_script, wrk
-from .proxy_procs import BenchError, Children, cpu_seconds, free_port, wait_port
 from .proxy_upstream import POD, POD_PATH
 
 __all__ = ["main"]

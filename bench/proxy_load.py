@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .proxy_procs import BenchError, Children
+from .procs import BenchError, Children
 
 __all__ = ["BulkRun", "Target", "WrkResult", "bulk", "bulk_loop", "write_wrk_script", "wrk"]
 

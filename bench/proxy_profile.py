@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .proxy_procs import Children
+from .procs import Children
 
 __all__ = ["COMPONENTS", "Profile", "py_spy", "record", "summarise"]
 

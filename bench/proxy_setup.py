@@ -27,8 +27,8 @@ import aiohttp
 
 from tunnel_pki.tls import client_context
 
+from .procs import REPO, BenchError, Children, free_port, wait_port
 from .proxy_patches import AGENT_PATCHES, SERVER_PATCHES
-from .proxy_procs import REPO, BenchError, Children, free_port, wait_port
 from .proxy_upstream import POD_PATH
 
 __all__ = [

@@ -27,7 +27,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .proxy_procs import BenchError, Children, descendants, free_port, wait_port
+from .procs import BenchError, Children, descendants, free_port, wait_port
 
 __all__ = ["SSHD", "SshBaseline", "start_ssh"]
 

@@ -1,4 +1,4 @@
-"""Child processes of the proxy benchmark, and what /proc says about them.
+"""Child processes of the benchmarks, and what /proc says about them.
 
 Every child is started through a tiny wrapper that sets ``PR_SET_PDEATHSIG``
 (the child gets SIGKILL if the benchmark dies, even by SIGKILL) and then
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 __all__ = [
+    "REPO",
     "BenchError",
     "Children",
     "child_environment",
