@@ -1,0 +1,273 @@
+"""Command-line settings of tunnel-agent and tunnel-server: flags, environment, errors.
+
+Every flag also reads its environment variable (so manifests can set it) and
+the flag wins over the variable; values that cannot be used are refused with
+a message that names the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from tunnel_cli import FlagError
+from tunnel_server import cli as server_cli
+from tunnel_server.config import ServerSettings
+from tunnel_server.errors import ConfigError
+
+from ..cli_flags import FlagCase, in_a_scratch_directory, options_of, without
+
+__all__ = ["in_a_scratch_directory"]
+
+# ----------------------------------------------------------------- tunnel-server
+
+SERVER_BASE = {
+    "--state-dir": "state-base",
+    "--listen": "127.0.0.1:9443",
+    "--tls-cert": "base.crt",
+    "--tls-key": "base.key",
+}
+
+SERVER_FLAGS = [
+    FlagCase(
+        "--state-dir",
+        "TUNNEL_SERVER_STATE_DIR",
+        "state-env",
+        "state-flag",
+        lambda a, s: s.state_dir,
+        Path("state-env"),
+        Path("state-flag"),
+    ),
+    FlagCase(
+        "--listen",
+        "TUNNEL_SERVER_LISTEN",
+        "127.0.0.2:7000",
+        "127.0.0.3:7001",
+        lambda a, s: (s.listen.host, s.listen.port),
+        ("127.0.0.2", 7000),
+        ("127.0.0.3", 7001),
+    ),
+    FlagCase(
+        "--public-url",
+        "TUNNEL_SERVER_PUBLIC_URL",
+        "https://env.example",
+        "https://flag.example:8443",
+        lambda a, s: s.listen.public_url,
+        "https://env.example",
+        "https://flag.example:8443",
+    ),
+    FlagCase(
+        "--tls-cert",
+        "TUNNEL_SERVER_TLS_CERT",
+        "env.crt",
+        "flag.crt",
+        lambda a, s: s.tls.cert_file,
+        Path("env.crt"),
+        Path("flag.crt"),
+    ),
+    FlagCase(
+        "--tls-key",
+        "TUNNEL_SERVER_TLS_KEY",
+        "env.key",
+        "flag.key",
+        lambda a, s: s.tls.key_file,
+        Path("env.key"),
+        Path("flag.key"),
+    ),
+    FlagCase(
+        "--tls-ca",
+        "TUNNEL_SERVER_TLS_CA",
+        "env-ca.pem",
+        "flag-ca.pem",
+        lambda a, s: s.tls.ca_file,
+        Path("env-ca.pem"),
+        Path("flag-ca.pem"),
+    ),
+    FlagCase(
+        "--bootstrap-token-ttl",
+        "TUNNEL_SERVER_BOOTSTRAP_TOKEN_TTL",
+        "90m",
+        "2d",
+        lambda a, s: s.identity.bootstrap_token_ttl,
+        timedelta(minutes=90),
+        timedelta(days=2),
+    ),
+    FlagCase(
+        "--client-cert-lifetime",
+        "TUNNEL_SERVER_CLIENT_CERT_LIFETIME",
+        "7d",
+        "12h",
+        lambda a, s: s.identity.client_cert_lifetime,
+        timedelta(days=7),
+        timedelta(hours=12),
+    ),
+    FlagCase(
+        "--keepalive-interval",
+        "TUNNEL_SERVER_KEEPALIVE_INTERVAL",
+        "20s",
+        "1m",
+        lambda a, s: s.tunnel.keepalive.interval,
+        20.0,
+        60.0,
+    ),
+    FlagCase(
+        "--keepalive-timeout",
+        "TUNNEL_SERVER_KEEPALIVE_TIMEOUT",
+        "10s",
+        "500ms",
+        lambda a, s: s.tunnel.keepalive.timeout,
+        10.0,
+        0.5,
+    ),
+    FlagCase(
+        "--shutdown-grace",
+        "TUNNEL_SERVER_SHUTDOWN_GRACE",
+        "5s",
+        "250ms",
+        lambda a, s: s.tunnel.shutdown_grace,
+        5.0,
+        0.25,
+    ),
+    FlagCase(
+        "--audit-retention",
+        "TUNNEL_SERVER_AUDIT_RETENTION",
+        "30d",
+        "12h",
+        lambda a, s: s.audit_retention.total_seconds(),
+        30 * 86400.0,
+        12 * 3600.0,
+    ),
+    FlagCase(
+        "--agent-image",
+        "TUNNEL_SERVER_AGENT_IMAGE",
+        "registry.example/agent:env",
+        "registry.example/agent:flag",
+        lambda a, s: s.agent_image,
+        "registry.example/agent:env",
+        "registry.example/agent:flag",
+    ),
+    FlagCase(
+        "--log-format",
+        "TUNNEL_SERVER_LOG_FORMAT",
+        "json",
+        "text",
+        lambda a, s: a.log_format,
+        "json",
+        "text",
+    ),
+    FlagCase(
+        "--log-level",
+        "TUNNEL_SERVER_LOG_LEVEL",
+        "debug",
+        "error",
+        lambda a, s: a.log_level,
+        "debug",
+        "error",
+    ),
+]
+
+
+def server_args(argv: list[str]) -> argparse.Namespace:
+    return server_cli.build_parser().parse_args(["serve", *argv])
+
+
+def server_settings(*argv: str) -> ServerSettings:
+    return server_cli.settings_from_args(server_args(list(argv)))
+
+
+def test_every_server_flag_is_covered_by_the_environment_table() -> None:
+    assert options_of(server_cli.build_parser(), "serve") == {case.flag for case in SERVER_FLAGS}
+
+
+@pytest.mark.parametrize("case", SERVER_FLAGS, ids=str)
+def test_server_flag_reads_its_environment_variable(
+    case: FlagCase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(case.env, case.env_value)
+    args = server_args(without(SERVER_BASE, case.flag))
+    assert case.read(args, server_cli.settings_from_args(args)) == case.from_env
+
+
+@pytest.mark.parametrize("case", SERVER_FLAGS, ids=str)
+def test_server_flag_wins_over_its_environment_variable(
+    case: FlagCase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(case.env, case.env_against_flag or case.env_value)
+    args = server_args([*without(SERVER_BASE, case.flag), *case.argv()])
+    assert case.read(args, server_cli.settings_from_args(args)) == case.from_flag
+
+
+def test_server_defaults_without_flags_or_environment() -> None:
+    settings = server_settings()
+    assert settings.state_dir == Path("state")
+    assert (settings.listen.host, settings.listen.port) == ("0.0.0.0", 8443)
+    assert settings.listen.public_url == "https://localhost:8443"
+    assert settings.tls.cert_file is None
+    assert settings.identity.bootstrap_token_ttl == timedelta(hours=24)
+    assert settings.identity.client_cert_lifetime == timedelta(days=30)
+    assert settings.tunnel.shutdown_grace == 30.0
+
+
+@pytest.mark.parametrize(
+    ("listen", "host", "port", "public_url"),
+    [
+        ("127.0.0.1:9443", "127.0.0.1", 9443, "https://127.0.0.1:9443"),
+        ("0.0.0.0:8443", "0.0.0.0", 8443, "https://localhost:8443"),
+        ("[::]:8443", "::", 8443, "https://localhost:8443"),
+        ("[::1]:9443", "::1", 9443, "https://[::1]:9443"),
+        ("tunnel.example.com:443", "tunnel.example.com", 443, "https://tunnel.example.com:443"),
+    ],
+)
+def test_listen_gives_host_port_and_default_public_url(
+    listen: str, host: str, port: int, public_url: str
+) -> None:
+    settings = server_settings("--listen", listen)
+    assert (settings.listen.host, settings.listen.port) == (host, port)
+    assert settings.listen.public_url == public_url
+
+
+def test_public_url_overrides_the_one_derived_from_listen() -> None:
+    settings = server_settings("--listen", "0.0.0.0:8443", "--public-url", "https://tunnel.example")
+    assert settings.listen.public_url == "https://tunnel.example"
+    assert settings.listen.public_host == "tunnel.example"
+
+
+@pytest.mark.parametrize("listen", ["8443", ":8443", "127.0.0.1:", "127.0.0.1:https"])
+def test_listen_without_host_and_port_is_refused(listen: str) -> None:
+    with pytest.raises(ConfigError, match="--listen must be HOST:PORT"):
+        server_settings("--listen", listen)
+
+
+def test_listen_port_out_of_range_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"port 70000 is outside 0\.\.65535"):
+        server_settings("--listen", "127.0.0.1:70000")
+
+
+@pytest.mark.parametrize("url", ["http://tunnel.example", "tunnel.example:8443", "https://"])
+def test_public_url_must_be_https_with_a_host(url: str) -> None:
+    with pytest.raises(ConfigError, match="public URL must be https://HOST"):
+        server_settings("--public-url", url)
+
+
+@pytest.mark.parametrize("flag", ["--tls-cert", "--tls-key"])
+def test_tls_cert_and_key_go_together(flag: str) -> None:
+    with pytest.raises(ConfigError, match="--tls-cert and --tls-key go together"):
+        server_settings(flag, "server.pem")
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--bootstrap-token-ttl",
+        "--client-cert-lifetime",
+        "--keepalive-interval",
+        "--keepalive-timeout",
+        "--shutdown-grace",
+    ],
+)
+def test_server_bad_duration_is_refused_with_examples(flag: str) -> None:
+    with pytest.raises(FlagError, match=r"'1 week' is not a duration; use e\.g\. 30s"):
+        server_settings(flag, "1 week")
