@@ -288,6 +288,7 @@ class CommandRunner:
                 "cannot open the report of %s: %s", job.id, exc, extra={"command": job.id}
             )
             job.reporting = False
+            self._resume_elsewhere(job, session)
             return
         replies = asyncio.create_task(_read_reply(stream))
         try:
@@ -307,6 +308,18 @@ class CommandRunner:
                     stream.end()
                 else:
                     stream.reset(ErrorCode.CANCEL)
+            self._resume_elsewhere(job, session)
+
+    def _resume_elsewhere(self, job: Job, ended: Session) -> None:
+        """Report again on a newer session if this one ended with the job unacknowledged.
+
+        A reconnect calls :meth:`connected` while this report may still be winding
+        down on the old session; then it skipped the job (already reporting), so
+        the job's report must restart here or the server never hears of it.
+        """
+        current = self._session
+        if current is not None and current is not ended and job.key in self.jobs:
+            self._report(job)
 
     async def _pump(
         self, job: Job, stream: MuxStream, replies: asyncio.Task[dict[str, Any]]
