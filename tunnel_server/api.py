@@ -203,20 +203,7 @@ def _valid_name(name: str) -> str:
 
 
 def _cluster_view(context: ServerContext, cluster: Cluster) -> dict[str, Any]:
-    agent = context.registry.get(cluster.name)
-    if agent is not None:
-        return {
-            "name": cluster.name,
-            "connected": True,
-            "agent_version": agent.agent_version,
-            "remote_addr": agent.remote_addr,
-            "connected_since": timestamp(agent.connected_since),
-            "last_seen": timestamp(utcnow()),
-            "rbac": cluster.rbac,
-            "namespaces": list(cluster.namespaces),
-            "created_at": timestamp(cluster.created_at),
-        }
-    return {
+    view: dict[str, Any] = {
         "name": cluster.name,
         "connected": False,
         "agent_version": cluster.agent_version,
@@ -227,3 +214,14 @@ def _cluster_view(context: ServerContext, cluster: Cluster) -> dict[str, Any]:
         "namespaces": list(cluster.namespaces),
         "created_at": timestamp(cluster.created_at),
     }
+    agent = context.registry.get(cluster.name)
+    if agent is not None:
+        # Connected: what the live session knows is newer than the store's record.
+        view.update(
+            connected=True,
+            agent_version=agent.agent_version,
+            remote_addr=agent.remote_addr,
+            connected_since=timestamp(agent.connected_since),
+            last_seen=timestamp(utcnow()),
+        )
+    return view

@@ -1,4 +1,4 @@
-"""Command-line settings of tunnel-agent and tunnel-server: flags, environment, errors.
+"""Command-line settings of tunnel-agent: flags, environment, errors.
 
 Every flag also reads its environment variable (so manifests can set it) and
 the flag wins over the variable; values that cannot be used are refused with
