@@ -53,7 +53,7 @@ import aiohttp
 
 from .procs import BenchError, Children, cpu_seconds, memory_kib
 from .proxy_load import Target, WrkResult, bulk, bulk_loop, write_wrk_script, wrk
-from .proxy_patches import AGENT_PATCHES, SERVER_PATCHES
+from .proxy_options import MIB, Plan, jsonable, parser, wait_quiet
 from .proxy_profile import Profile, py_spy, record, summarise
 from .proxy_report import report
 from .proxy_setup import (
@@ -71,40 +71,8 @@ from .proxy_upstream import BULK_PATH, POD_PATH, WATCH_PATH
 
 __all__ = ["Plan", "main"]
 
-MIB = 1024 * 1024
 _MODULE = "bench.bench_proxy"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """How much of each measurement to do."""
-
-    latency_requests: int = 2000
-    latency_rounds: int = 3
-    warmup_seconds: int = 2
-    rate_rounds: int = 2
-    rate_seconds: int = 5
-    bulk_bytes: int = 100 * MIB
-    bulk_count: int = 3
-    loaded_seconds: int = 5
-    watches: int = 1000
-    profile_seconds: int = 5
-
-    @classmethod
-    def quick(cls) -> Plan:
-        return cls(
-            latency_requests=300,
-            latency_rounds=1,
-            warmup_seconds=1,
-            rate_rounds=1,
-            rate_seconds=2,
-            bulk_bytes=100 * MIB,
-            bulk_count=1,
-            loaded_seconds=2,
-            watches=100,
-            profile_seconds=2,
-        )
 
 
 @dataclass
@@ -558,77 +526,10 @@ async def _run(args: argparse.Namespace, plan: Plan, run_dir: Path) -> dict[str,
     return results
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.bench_proxy",
-        description="The Kubernetes API proxy against direct calls and ssh -R, on loopback.",
-    )
-    parser.add_argument("--quick", action="store_true", help="a smoke run (about a minute)")
-    parser.add_argument("--watches", type=int, help="watches held open (default 1000; quick 100)")
-    parser.add_argument("--no-ssh", action="store_true", help="skip the OpenSSH baseline")
-    parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles")
-    parser.add_argument(
-        "--profile-wall",
-        action="store_true",
-        help="sample wall-clock time of busy threads rather than the GIL holder",
-    )
-    parser.add_argument(
-        "--skip",
-        default="",
-        help="comma-separated phases to skip: watches, rate, bulk, loaded, profile",
-    )
-    parser.add_argument(
-        "--paths",
-        default="",
-        help="comma-separated paths to measure (direct always is): direct-tls, tunnel, ssh, ssh -N",
-    )
-    parser.add_argument(
-        "--no-install", action="store_true", help="never apt-get install missing tools"
-    )
-    parser.add_argument("--timeout", type=float, default=1200.0, help="global time limit (s)")
-    parser.add_argument(
-        "--wait-quiet",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="first wait up to this long for the machine to be quiet (see --quiet-load)",
-    )
-    parser.add_argument(
-        "--quiet-load", type=float, default=1.0, help="1-minute load average counted as quiet"
-    )
-    parser.add_argument(
-        "--server-log-level", default="warning", help="the tunnel server's log level"
-    )
-    parser.add_argument(
-        "--window",
-        type=int,
-        default=0,
-        metavar="BYTES",
-        help="experiment: per-stream credit both sides announce (default 1 MiB)",
-    )
-    parser.add_argument(
-        "--frame-size",
-        type=int,
-        default=0,
-        metavar="BYTES",
-        help="experiment: largest DATA frame both sides accept (default 64 KiB)",
-    )
-    parser.add_argument(
-        "--patch",
-        action="append",
-        default=[],
-        choices=[*SERVER_PATCHES, *AGENT_PATCHES],
-        help="experiment: apply a proposed product change at run time (bench/proxy_patches.py)",
-    )
-    parser.add_argument("--json", type=Path, help="also write the results here as JSON")
-    parser.add_argument("--keep", action="store_true", help="keep the run directory (logs)")
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print its report."""
     arguments = list(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(arguments)
+    args = parser().parse_args(arguments)
     plan = Plan.quick() if args.quick else Plan()
     if args.watches is not None:
         plan = Plan(**{**asdict(plan), "watches": max(1, args.watches)})
@@ -638,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchError as exc:
         print(f"bench_proxy: {exc}", file=sys.stderr)
         return 1
-    _wait_quiet(args.wait_quiet, args.quiet_load)
+    wait_quiet(args.wait_quiet, args.quiet_load)
     run_dir = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
     print(f"run directory (logs): {run_dir}")
     try:
@@ -654,25 +555,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(report(results))
     if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2, default=_jsonable) + "\n")
+        args.json.write_text(json.dumps(results, indent=2, default=jsonable) + "\n")
     if not args.keep:
         shutil.rmtree(run_dir, ignore_errors=True)
     return 0
-
-
-def _wait_quiet(seconds: float, load: float) -> None:
-    """Wait up to ``seconds`` for the 1-minute load average to drop below ``load``."""
-    deadline = time.monotonic() + seconds
-    if seconds > 0 and os.getloadavg()[0] >= load:
-        print(f"waiting up to {seconds:g} s for the load average to drop below {load:g} ...")
-    while seconds > 0 and os.getloadavg()[0] >= load and time.monotonic() < deadline:
-        time.sleep(5.0)
-
-
-def _jsonable(value: object) -> object:
-    if hasattr(value, "__dataclass_fields__"):
-        return {k: getattr(value, k) for k in value.__dataclass_fields__}
-    return str(value)
 
 
 if __name__ == "__main__":
