@@ -440,14 +440,9 @@ def add_audit(db: sqlite3.Connection, event: AuditEvent) -> AuditEvent:
 
 def add_audit_events(db: sqlite3.Connection, events: list[AuditEvent]) -> int:
     """See :meth:`Store.add_audit_events`: one transaction for the batch."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
+    with transaction(db):
         for event in events:
             add_audit(db, event)
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
     return len(events)
 
 

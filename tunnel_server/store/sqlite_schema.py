@@ -200,7 +200,19 @@ def transaction(db: sqlite3.Connection) -> Iterator[None]:
     ``BEGIN IMMEDIATE`` takes the write lock at the start, so that what the
     block reads cannot change under it, even from another process.
     The connection must be in autocommit mode (``isolation_level=None``).
+    Inside a transaction already (a batch, see ``sqlite_worker``), the block
+    runs in a savepoint: undone alone if it raises, committed with the batch.
     """
+    if db.in_transaction:
+        db.execute("SAVEPOINT block")
+        try:
+            yield
+        except BaseException:
+            db.execute("ROLLBACK TO block")
+            db.execute("RELEASE block")
+            raise
+        db.execute("RELEASE block")
+        return
     db.execute("BEGIN IMMEDIATE")
     try:
         yield

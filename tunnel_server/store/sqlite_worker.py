@@ -1,0 +1,155 @@
+"""The database thread: queued operations run in batches, one transaction per batch.
+
+Every store call becomes an operation on one queue. One worker thread, the
+connection's owner, takes everything queued so far (up to ``MAX_BATCH``) and
+runs it in a single write transaction, each operation inside its own
+savepoint: an operation that fails is rolled back alone and its caller gets
+the error, the others commit together. Callers are answered only after the
+COMMIT, so what a caller sees stored is stored (as durably as
+``synchronous=NORMAL`` makes it).
+
+Why: under load (a burst of submissions while results arrive) a commit and a
+thread hand-off per operation cost more than the operations; a batch pays for
+one of each. An idle store sees batches of one, which run without savepoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from .base import StoreError
+
+__all__ = ["MAX_BATCH", "DatabaseWorker"]
+
+T = TypeVar("T")
+
+MAX_BATCH = 256
+"""Most operations in one transaction: bounds how long a batch holds the write lock."""
+
+Operation = Callable[[sqlite3.Connection], Any]
+_Item = tuple[Operation, "asyncio.Future[Any]"]
+_Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+
+class DatabaseWorker:
+    """Runs operations on ``connection`` on ``executor``'s one thread, in batches.
+
+    ``translate`` turns a :class:`sqlite3.Error` that an operation did not
+    handle into the :class:`StoreError` its caller receives.
+    """
+
+    def __init__(
+        self,
+        executor: ThreadPoolExecutor,
+        connection: sqlite3.Connection,
+        translate: Callable[[sqlite3.Error], StoreError],
+    ) -> None:
+        self._executor = executor
+        self._db = connection  # touched only on the executor's thread
+        self._translate = translate
+        self._queue: deque[_Item] = deque()
+        self._lock = threading.Lock()  # guards _queue's emptiness and _scheduled together
+        self._scheduled = False
+
+    def submit(self, operation: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Queue ``operation(connection)``; the future settles once its batch has committed.
+
+        Cancelling the future does not withdraw the operation: it may still run.
+        """
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            self._queue.append((operation, future))
+            if self._scheduled:
+                return future
+            self._scheduled = True
+        self._executor.submit(self._drain)
+        return future
+
+    # --- on the database thread ---
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._scheduled = False
+                    return
+                count = min(len(self._queue), MAX_BATCH)
+                batch = [self._queue.popleft() for _ in range(count)]
+            try:
+                outcomes = self._run_batch(batch)
+            except Exception as exc:  # noqa: BLE001 - the transaction machinery failed: to the callers
+                self._abandon()
+                error = self._caller_error(exc)
+                outcomes = [(future, None, error) for _, future in batch]
+            _settle(outcomes)
+
+    def _run_batch(self, batch: list[_Item]) -> list[_Outcome]:
+        if len(batch) == 1:
+            # Alone, an operation runs as it would without batching: reads in
+            # autocommit mode, writes in the transactions they open themselves.
+            operation, future = batch[0]
+            try:
+                return [(future, operation(self._db), None)]
+            except Exception as exc:  # noqa: BLE001 - handed to the caller
+                self._abandon()
+                return [(future, None, self._caller_error(exc))]
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        outcomes: list[_Outcome] = []
+        for operation, future in batch:
+            db.execute("SAVEPOINT operation")
+            try:
+                value = operation(db)
+            except Exception as exc:  # noqa: BLE001 - the caller's; only its changes are undone
+                db.execute("ROLLBACK TO operation")
+                db.execute("RELEASE operation")
+                outcomes.append((future, None, self._caller_error(exc)))
+            else:
+                db.execute("RELEASE operation")
+                outcomes.append((future, value, None))
+        db.execute("COMMIT")
+        return outcomes
+
+    def _abandon(self) -> None:
+        """Roll back whatever transaction a failure left open."""
+        if self._db.in_transaction:
+            # If even that fails, the connection has already ended the transaction.
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+
+    def _caller_error(self, exc: Exception) -> BaseException:
+        if isinstance(exc, sqlite3.Error):
+            translated = self._translate(exc)
+            translated.__cause__ = exc
+            return translated
+        return exc
+
+
+def _settle(outcomes: list[_Outcome]) -> None:
+    """Hand each outcome to its future, with one wake-up per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+    for outcome in outcomes:
+        by_loop.setdefault(outcome[0].get_loop(), []).append(outcome)
+    for loop, mine in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_deliver, mine)
+        except RuntimeError:  # that loop is closed: nobody is waiting any more
+            continue
+
+
+def _deliver(outcomes: list[_Outcome]) -> None:
+    """On the event loop: set each future that its caller still awaits."""
+    for future, value, error in outcomes:
+        if future.done():  # the caller was cancelled
+            continue
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
