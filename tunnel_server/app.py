@@ -108,7 +108,7 @@ def _error_response(error: ApiError) -> web.Response:
         {"error": {"status": status, "code": error.code, "message": error.message}},
         status=status,
     )
-    if isinstance(error, UnavailableError):
+    if error.retry_after is not None:
         response.headers["Retry-After"] = str(max(1, round(error.retry_after)))
     return response
 

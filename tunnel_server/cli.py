@@ -13,7 +13,14 @@ from protocol.errors import TunnelError
 from tunnel_cli import configure_logging, env_flag, parse_duration
 
 from . import __version__
-from .config import IdentitySettings, ListenSettings, ServerSettings, TlsSettings, TunnelSettings
+from .config import (
+    CommandSettings,
+    IdentitySettings,
+    ListenSettings,
+    ServerSettings,
+    TlsSettings,
+    TunnelSettings,
+)
 from .errors import ConfigError
 
 __all__ = ["build_parser", "main", "settings_from_args"]
@@ -97,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(
         serve,
+        "--max-pending-commands",
+        env + "MAX_PENDING_COMMANDS",
+        default=str(CommandSettings.__dataclass_fields__["max_pending"].default),
+        help="commands a cluster may have waiting for delivery (more get 429)",
+    )
+    env_flag(
+        serve,
         "--agent-image",
         env + "AGENT_IMAGE",
         default=ServerSettings.__dataclass_fields__["agent_image"].default,
@@ -138,9 +152,23 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             ),
             shutdown_grace=parse_duration(args.shutdown_grace).total_seconds(),
         ),
+        commands=CommandSettings(max_pending=_positive(args.max_pending_commands)),
         agent_image=args.agent_image,
         audit_retention=parse_duration(args.audit_retention),
     )
+
+
+def _positive(value: str) -> int:
+    """``--max-pending-commands``: a whole number of at least 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ConfigError(
+            f"--max-pending-commands must be a whole number of at least 1, not {value!r}"
+        )
+    return number
 
 
 def _path(value: str | None) -> Path | None:

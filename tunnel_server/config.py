@@ -105,6 +105,8 @@ class CommandSettings:
     offer_timeout: float = 10.0
     #: Bytes of log kept per command.
     log_cap: int = 1024 * 1024
+    #: Commands a cluster may have waiting for delivery; past it, submissions get 429.
+    max_pending: int = 10_000
 
 
 @dataclass(frozen=True, slots=True)

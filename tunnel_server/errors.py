@@ -10,6 +10,7 @@
             ├── NotFoundApiError         404
             ├── ConflictError            409
             ├── PayloadTooLargeError     413
+            ├── TooManyRequestsError     429 (with Retry-After)
             └── UnavailableError         503 (with Retry-After)
 
 Every ApiError carries a short machine-readable ``code`` and a message a
@@ -29,6 +30,7 @@ __all__ = [
     "NotFoundApiError",
     "PayloadTooLargeError",
     "ServerError",
+    "TooManyRequestsError",
     "UnauthorizedError",
     "UnavailableError",
 ]
@@ -43,10 +45,11 @@ class ConfigError(ServerError):
 
 
 class ApiError(ServerError):
-    """An error answered to an HTTP caller."""
+    """An error answered to an HTTP caller; with ``retry_after``, also a Retry-After header."""
 
     status = 500
     code = "internal"
+    retry_after: float | None = None
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -83,6 +86,17 @@ class ConflictError(ApiError):
 class PayloadTooLargeError(ApiError):
     status = 413
     code = "payload_too_large"
+
+
+class TooManyRequestsError(ApiError):
+    """The caller sends faster than the server takes; ``retry_after`` says when to try again."""
+
+    status = 429
+    code = "too_many_requests"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
 
 
 class UnavailableError(ApiError):

@@ -122,6 +122,41 @@ async def test_dispatch_needs_a_commands_grant(server: RunningServer) -> None:
     assert any(e["user"] == "alice" and e["verb"] == "submit" for e in events)
 
 
+async def test_a_full_queue_answers_429_and_loses_nothing_it_holds(tmp_path: Path) -> None:
+    settings = server_settings(tmp_path / "state")
+    settings = dataclasses.replace(settings, commands=CommandSettings(max_pending=3))
+    async with running_server(settings) as server:
+        await server.add_cluster("prod-eu")
+        await server.add_cluster("prod-us")
+        held = [await submit(server, command(f"ok-{n}"), idempotency_key=f"k{n}") for n in range(3)]
+        assert server._http is not None
+        async with server._http.post(
+            f"{server.url}/api/v1/clusters/prod-eu/commands",
+            json={"spec": command("ok-over")},
+            headers={"Authorization": f"Bearer {server.admin_token}"},
+            ssl=client_context(server.ca_pem),
+        ) as response:
+            assert response.status == 429
+            assert response.headers["Retry-After"] == "1"
+            error = (await response.json())["error"]
+        assert error["code"] == "queue_full"
+        assert "3 commands waiting" in error["message"]
+        assert "--max-pending-commands" in error["message"]
+        # A retried submission with its key still finds its command.
+        again = await submit(server, command("ok-0"), idempotency_key="k0")
+        assert again["id"] == held[0]["id"]
+        # Other clusters have their own room.
+        status, answer = await server.api(
+            "POST", "/api/v1/clusters/prod-us/commands", {"spec": command("ok-us")}
+        )
+        assert (status, answer["state"]) == (201, "pending")
+        # Nothing held was dropped; a cancelled one makes room again.
+        _, listed = await server.api("GET", "/api/v1/commands?cluster=prod-eu")
+        assert sorted(c["id"] for c in listed) == sorted(c["id"] for c in held)
+        await server.api("POST", f"/api/v1/commands/{held[1]['id']}/cancel")
+        assert (await submit(server, command("ok-after")))["state"] == "pending"
+
+
 async def test_cancel_stops_a_running_command(server: RunningServer, tmp_path: Path) -> None:
     token = await server.add_cluster("prod-eu")
     script = Script()

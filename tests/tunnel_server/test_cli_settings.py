@@ -141,6 +141,15 @@ SERVER_FLAGS = [
         12 * 3600.0,
     ),
     FlagCase(
+        "--max-pending-commands",
+        "TUNNEL_SERVER_MAX_PENDING_COMMANDS",
+        "500",
+        "20",
+        lambda a, s: s.commands.max_pending,
+        500,
+        20,
+    ),
+    FlagCase(
         "--agent-image",
         "TUNNEL_SERVER_AGENT_IMAGE",
         "registry.example/agent:env",
@@ -209,6 +218,7 @@ def test_server_defaults_without_flags_or_environment() -> None:
     assert settings.identity.bootstrap_token_ttl == timedelta(hours=24)
     assert settings.identity.client_cert_lifetime == timedelta(days=30)
     assert settings.tunnel.shutdown_grace == 30.0
+    assert settings.commands.max_pending == 10_000
 
 
 @pytest.mark.parametrize(
@@ -271,3 +281,9 @@ def test_tls_cert_and_key_go_together(flag: str) -> None:
 def test_server_bad_duration_is_refused_with_examples(flag: str) -> None:
     with pytest.raises(FlagError, match=r"'1 week' is not a duration; use e\.g\. 30s"):
         server_settings(flag, "1 week")
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "many", "1.5"])
+def test_max_pending_commands_must_be_a_positive_whole_number(value: str) -> None:
+    with pytest.raises(ConfigError, match="--max-pending-commands must be a whole number"):
+        server_settings("--max-pending-commands", value)

@@ -229,6 +229,16 @@ async def test_a_missing_directory_fails_with_a_store_error(tmp_path: Path) -> N
     assert isinstance(caught.value.__cause__, OSError)
 
 
+async def test_an_sqlite_without_returning_is_refused_by_name(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 34, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.34.1")
+    with pytest.raises(StoreError, match=r"SQLite 3\.34\.1 is too old.*3\.35\.0 or later"):
+        await SqliteStore.open(path)
+    assert not path.exists()
+
+
 async def test_health_passes_while_open(store: SqliteStore) -> None:
     await store.health()
 

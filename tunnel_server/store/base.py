@@ -16,6 +16,7 @@ The errors form the store's subtree of the project's hierarchy::
         │                               (also ValueError)
         ├── NotFoundError               no such cluster, user, grant or certificate
         ├── AlreadyExistsError          the name, serial or token is taken
+        ├── QueueFullError              a cluster has as many commands waiting as allowed
         └── BootstrapTokenError         a bootstrap token was refused
             ├── TokenUnknownError       no such token
             ├── TokenUsedError          the token was used already
@@ -213,6 +214,10 @@ class NotFoundError(StoreError):
 
 class AlreadyExistsError(StoreError):
     """The name, serial or token is taken already."""
+
+
+class QueueFullError(StoreError):
+    """A cluster has as many commands waiting for delivery as the server allows."""
 
 
 class BootstrapTokenError(StoreError):

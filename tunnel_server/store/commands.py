@@ -106,11 +106,14 @@ class CommandStore(abc.ABC):
     """The part of the store that keeps commands (implemented by every Store)."""
 
     @abc.abstractmethod
-    async def add_command(self, command: NewCommand, now: datetime) -> tuple[CommandRecord, bool]:
+    async def add_command(
+        self, command: NewCommand, now: datetime, max_pending: int | None = None
+    ) -> tuple[CommandRecord, bool]:
         """Store a command as pending; return it and True.
 
         With an idempotency key already used on the same cluster, return the
-        existing command and False instead.
+        existing command and False instead. With ``max_pending``, refuse a new
+        command (QueueFullError) while its cluster has that many pending already.
         """
 
     @abc.abstractmethod

@@ -2,7 +2,8 @@
 
 One dedicated worker thread owns the connection and does all database work
 (the functions of ``sqlite_ops``), so the event loop never waits on the disk;
-calls queue on it in order. The file is created readable by its owner alone
+calls queue on it in order and run in batches, one transaction per batch
+(``sqlite_worker``). The file is created readable by its owner alone
 (it holds token hashes) and runs in WAL mode with ``synchronous=NORMAL``: a
 power cut may lose the last transactions, never consistency. sqlite3's
 exceptions are translated into the store's errors here, at the thread's edge.
@@ -41,6 +42,7 @@ from .base import (
     User,
 )
 from .commands import CommandLogLine, CommandRecord, CommandState, LapsedLease, NewCommand
+from .sqlite_worker import DatabaseWorker
 
 __all__ = ["SqliteStore"]
 
@@ -62,6 +64,7 @@ class SqliteStore(Store):
         """Use :meth:`open`; this adopts a connection made on ``executor``'s thread."""
         self._path = path
         self._executor = executor
+        self._worker = DatabaseWorker(executor, connection, _translate)
         self._db = connection  # touched only on the executor's thread
         self._closed = False
 
@@ -93,21 +96,14 @@ class SqliteStore(Store):
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> T:
-        """Run ``operation(connection, ...)`` on the database thread."""
+        """Run ``operation(connection, ...)`` on the database thread (see ``sqlite_worker``)."""
         if self._closed:
             raise StoreClosedError("the state store is closed")
-        loop = asyncio.get_running_loop()
 
         def call(db: sqlite3.Connection) -> T:
             return operation(db, *args, **kwargs)
 
-        return await loop.run_in_executor(self._executor, self._guarded, call)
-
-    def _guarded(self, call: Callable[[sqlite3.Connection], T]) -> T:
-        try:
-            return call(self._db)
-        except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+        return await self._worker.submit(call)
 
     # --- lifecycle ---
 
@@ -117,8 +113,8 @@ class SqliteStore(Store):
         self._closed = True
         loop = asyncio.get_running_loop()
         try:
-            # Queued behind the work already submitted, which therefore completes first.
-            await loop.run_in_executor(self._executor, self._guarded, _close)
+            # Queued behind the batches already scheduled, which therefore complete first.
+            await loop.run_in_executor(self._executor, _close, self._db)
         finally:
             self._executor.shutdown(wait=False)
 
@@ -240,8 +236,10 @@ class SqliteStore(Store):
 
     # --- commands ---
 
-    async def add_command(self, command: NewCommand, now: datetime) -> tuple[CommandRecord, bool]:
-        return await self._run(cmd_ops.add_command, command, now)
+    async def add_command(
+        self, command: NewCommand, now: datetime, max_pending: int | None = None
+    ) -> tuple[CommandRecord, bool]:
+        return await self._run(cmd_ops.add_command, command, now, max_pending)
 
     async def get_command(self, command_id: str) -> CommandRecord:
         return await self._run(cmd_ops.get_command, command_id)
@@ -324,8 +322,17 @@ class SqliteStore(Store):
 # --- Helpers that run on the database thread -----------------------------------
 
 
+MIN_SQLITE = (3, 35, 0)
+"""The oldest SQLite with ``RETURNING``, which the command queue's updates use."""
+
+
 def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
     """Open, configure and migrate the database at ``path``."""
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        raise StoreError(
+            f"SQLite {sqlite3.sqlite_version} is too old for the state database;"
+            f" the server needs {'.'.join(map(str, MIN_SQLITE))} or later"
+        )
     try:
         _create_private(path)
         db = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
@@ -376,7 +383,10 @@ def _discard(opening: Future[sqlite3.Connection]) -> None:
 
 
 def _close(db: sqlite3.Connection) -> None:
-    db.close()
+    try:
+        db.close()
+    except sqlite3.Error as exc:
+        raise _translate(exc) from exc
 
 
 def _reason(exc: BaseException) -> str:

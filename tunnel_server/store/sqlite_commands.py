@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from .base import InvalidValueError, NotFoundError
+from .base import InvalidValueError, NotFoundError, QueueFullError
 from .commands import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -82,10 +82,12 @@ def _row(db: sqlite3.Connection, command_id: str) -> sqlite3.Row:
 
 
 def add_command(
-    db: sqlite3.Connection, command: NewCommand, now: datetime
+    db: sqlite3.Connection, command: NewCommand, now: datetime, max_pending: int | None = None
 ) -> tuple[CommandRecord, bool]:
     if not 1 <= command.max_attempts <= 100:
         raise InvalidValueError("max_attempts must be 1..100")
+    if max_pending is not None and max_pending < 1:
+        raise InvalidValueError("max_pending must be at least 1")
     with transaction(db):
         if command.idempotency_key is not None:
             existing = db.execute(
@@ -94,11 +96,13 @@ def add_command(
             ).fetchone()
             if existing is not None:
                 return _record(existing), False
+        if max_pending is not None:
+            _check_room(db, command.cluster, max_pending)
         stamp = encode_time(now)
-        db.execute(
+        row = db.execute(
             "INSERT INTO commands (id, cluster, submitter, type, name, spec, state, attempt,"
             " max_attempts, timeout_seconds, idempotency_key, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?)",
+            " VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?) RETURNING *",
             (
                 command.id,
                 command.cluster,
@@ -112,8 +116,24 @@ def add_command(
                 stamp,
                 stamp,
             ),
+        ).fetchone()
+        return _record(row), True
+
+
+def _check_room(db: sqlite3.Connection, cluster: str, max_pending: int) -> None:
+    """Raise QueueFullError if ``cluster`` has ``max_pending`` commands pending."""
+    # Counting stops at the bound, so a long queue costs no more than a full one.
+    (pending,) = db.execute(
+        "SELECT COUNT(*) FROM (SELECT 1 FROM commands WHERE cluster = ? AND state = 'pending'"
+        " LIMIT ?)",
+        (cluster, max_pending),
+    ).fetchone()
+    if pending >= max_pending:
+        raise QueueFullError(
+            f"cluster {cluster!r} already has {max_pending} commands waiting for delivery"
+            " (its agent is away or slower than the submissions); retry later, or raise"
+            " the server's --max-pending-commands"
         )
-        return _record(_row(db, command.id)), True
 
 
 def get_command(db: sqlite3.Connection, command_id: str) -> CommandRecord:
@@ -151,26 +171,26 @@ def mark_delivered(
     db: sqlite3.Connection, command_id: str, attempt: int, now: datetime, lease_until: datetime
 ) -> CommandRecord | None:
     stamp = encode_time(now)
-    cursor = db.execute(
+    row = db.execute(
         "UPDATE commands SET state = 'delivered', attempt = ?, delivered_at = ?,"
         " lease_expires_at = ?, updated_at = ?"
-        " WHERE id = ? AND state = 'pending' AND attempt = ?",
+        " WHERE id = ? AND state = 'pending' AND attempt = ? RETURNING *",
         (attempt, stamp, encode_time(lease_until), stamp, command_id, attempt - 1),
-    )
-    return _record(_row(db, command_id)) if cursor.rowcount else None
+    ).fetchone()
+    return None if row is None else _record(row)
 
 
 def mark_running(
     db: sqlite3.Connection, command_id: str, attempt: int, now: datetime, lease_until: datetime
 ) -> CommandRecord | None:
     stamp = encode_time(now)
-    cursor = db.execute(
+    row = db.execute(
         "UPDATE commands SET state = 'running', started_at = COALESCE(started_at, ?),"
         " lease_expires_at = ?, updated_at = ?"
-        " WHERE id = ? AND attempt = ? AND state IN ('delivered', 'running')",
+        " WHERE id = ? AND attempt = ? AND state IN ('delivered', 'running') RETURNING *",
         (stamp, encode_time(lease_until), stamp, command_id, attempt),
-    )
-    return _record(_row(db, command_id)) if cursor.rowcount else None
+    ).fetchone()
+    return None if row is None else _record(row)
 
 
 def extend_lease(
@@ -196,10 +216,10 @@ def finish_command(
     if state not in TERMINAL_STATES:
         raise InvalidValueError(f"{state!r} is not a final state")
     stamp = encode_time(now)
-    cursor = db.execute(
+    row = db.execute(
         "UPDATE commands SET state = ?, result = ?, error = ?, finished_at = ?,"
         " lease_expires_at = NULL, updated_at = ?"
-        " WHERE id = ? AND attempt = ? AND state IN ('delivered', 'running')",
+        " WHERE id = ? AND attempt = ? AND state IN ('delivered', 'running') RETURNING *",
         (
             state,
             None if result is None else json.dumps(result),
@@ -209,8 +229,8 @@ def finish_command(
             command_id,
             attempt,
         ),
-    )
-    return _record(_row(db, command_id)) if cursor.rowcount else None
+    ).fetchone()
+    return None if row is None else _record(row)
 
 
 def request_cancel(db: sqlite3.Connection, command_id: str, now: datetime) -> CommandRecord:
