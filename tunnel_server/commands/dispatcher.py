@@ -41,7 +41,9 @@ _OUTCOMES = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
 _MAX_LOG_LINES = 1000
 _MAX_LINE = 16 * 1024
 #: Offers a dispatch loop keeps in flight to one agent.
-OFFER_WINDOW = 8
+OFFER_WINDOW = 32
+#: Pending commands a dispatch loop reads from the store at a time.
+PENDING_BATCH = 128
 
 
 class CommandDispatcher:
@@ -104,6 +106,7 @@ class CommandDispatcher:
                 idempotency_key=idempotency_key,
             ),
             utcnow(),
+            self.settings.max_pending,
         )
         if created:
             self.metrics.commands_submitted.labels(record.type).inc()
@@ -156,23 +159,37 @@ class CommandDispatcher:
             agent = self.registry.get(cluster)
             if agent is None:
                 return
-            pending = await self.store.pending_commands(cluster, limit=64)
-            if not pending:
-                return
-            # Up to OFFER_WINDOW offers in flight, opened in queue order: one
-            # offer at a time caps a cluster at one command per round trip.
-            for start in range(0, len(pending), OFFER_WINDOW):
-                window = pending[start : start + OFFER_WINDOW]
-                # Every offer runs to its end (none is left half-open), then
-                # the first failure, if any, goes to _dispatch_forever.
-                taken = await asyncio.gather(
-                    *(self._offer(agent, record) for record in window), return_exceptions=True
-                )
-                for outcome in taken:
-                    if isinstance(outcome, BaseException):
-                        raise outcome
-                if not all(taken):
-                    return  # busy or gone: a later kick resumes
+            pending = await self.store.pending_commands(cluster, limit=PENDING_BATCH)
+            if not pending or not await self._offer_all(agent, pending):
+                return  # nothing pending, or busy or gone: a later kick resumes
+
+    async def _offer_all(self, agent: AgentConnection, records: list[CommandRecord]) -> bool:
+        """Offer ``records`` in order, OFFER_WINDOW at a time; False once one is not taken.
+
+        The window slides: an offer starts as soon as an earlier one ends, so
+        the agent's round trips overlap instead of being paid one window at a
+        time. A failure (the store) cancels the offers still in flight, whose
+        commands stay pending, and reaches ``_dispatch_forever``.
+        """
+        slots = asyncio.Semaphore(OFFER_WINDOW)
+        refused = False
+
+        async def offer(record: CommandRecord) -> None:
+            nonlocal refused
+            try:
+                if not await self._offer(agent, record):
+                    refused = True
+            finally:
+                slots.release()
+
+        async with asyncio.TaskGroup() as offers:
+            for record in records:
+                await slots.acquire()
+                if refused:
+                    slots.release()
+                    break
+                offers.create_task(offer(record), name=f"offer {record.id}")
+        return not refused
 
     async def _offer(self, agent: AgentConnection, record: CommandRecord) -> bool:
         """Offer one command; False when the agent cannot take more now."""
@@ -194,6 +211,9 @@ class CommandDispatcher:
             )
             stream.reset()
             return False
+        except asyncio.CancelledError:
+            stream.reset()  # the command stays pending; an accepted attempt comes back as duplicate
+            raise
         now = utcnow()
         lease = now + timedelta(seconds=self.settings.lease)
         reason = str(answer.get("reason", ""))[:500]
