@@ -34,6 +34,7 @@ from tunnel_agent.kubeapi import KubeApi
 from tunnel_agent.kubeproxy import KubeProxy
 from tunnel_agent.policy import ProxyPolicy
 from tunnel_agent.router import StreamRouter
+from tunnel_cli import freeze_startup_objects
 
 from .proxy_patches import AGENT_PATCHES, apply
 from .proxy_server import experiment_limits
@@ -65,6 +66,7 @@ async def run(args: argparse.Namespace) -> None:
     )
     store = DirectoryCredentialStore(Path(args.credentials_dir))
     agent = Agent(settings, store, on_stream=router)
+    freeze_startup_objects()  # as tunnel-agent run does
     task = asyncio.create_task(agent.run(), name="agent")
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import signal
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from protocol import Keepalive, kinds
 from protocol.errors import TunnelError
-from tunnel_cli import configure_logging, env_flag, parse_duration
+from tunnel_cli import configure_logging, env_flag, freeze_startup_objects, parse_duration
 from tunnel_mux import Session
 from tunnel_pki.errors import PkiError
 from tunnel_pki.names import validate_cluster_name
@@ -270,6 +271,11 @@ async def run_agent(settings: AgentSettings) -> None:
     if settings.health_listen is not None:
         health, port = await start_health_server(agent, *settings.health_listen, metrics)
         logger.info("health endpoints on %s:%d", settings.health_listen[0], port)
+    # The command executors use kubernetes_asyncio's client (tens of thousands
+    # of objects); loaded now, the freeze covers it.
+    importlib.import_module("kubernetes_asyncio.client")
+    frozen = freeze_startup_objects()
+    logger.debug("%d start-up objects frozen out of full garbage collections", frozen)
     tasks = [
         asyncio.create_task(agent.run(), name="agent"),
         asyncio.create_task(runner.run(), name="command runner"),
