@@ -162,3 +162,20 @@ async def test_delete_audit_before_prunes_only_older_events(store: SqliteStore) 
     assert newer.id is not None
     assert added[3].id is not None
     assert newer.id > added[3].id
+
+
+async def test_a_batch_of_events_is_stored_whole(store: SqliteStore) -> None:
+    batch = [event(minute, verb=f"verb-{minute}") for minute in range(3)]
+    assert await store.add_audit_events(batch) == 3
+    listed = await store.list_audit()
+    assert [e.verb for e in listed] == ["verb-2", "verb-1", "verb-0"]
+    assert all(e.id is not None and e.user == "ann" for e in listed)
+
+
+async def test_a_batch_with_one_invalid_event_stores_none_of_it(store: SqliteStore) -> None:
+    oversized = AuditEvent(
+        None, NOW, "ann", "prod", "proxy", "get", detail={"x": "y" * MAX_AUDIT_DETAIL_BYTES}
+    )
+    with pytest.raises(InvalidValueError, match="audit detail is over"):
+        await store.add_audit_events([event(0), oversized, event(2)])
+    assert await store.list_audit() == []
