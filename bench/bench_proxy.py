@@ -72,6 +72,8 @@ from .proxy_upstream import BULK_PATH, POD_PATH, WATCH_PATH
 __all__ = ["Plan", "main"]
 
 _MODULE = "bench.bench_proxy"
+#: The pace of the bulk downloads in the "paced" phase: about a 1 Gbit/s link.
+PACED_RATE = 100 * MIB
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -308,21 +310,28 @@ class Bench:
             await asyncio.sleep(0.1)
         return open_now
 
-    async def loaded(self, route: Route) -> None:
-        """Small-request latency while 100 MiB downloads run back to back on the same path."""
+    async def loaded(self, route: Route, rate: int | None = None) -> None:
+        """Small-request latency while 100 MiB downloads run back to back on the same path.
+
+        With ``rate`` (bytes/s) the downloads are paced ("loaded_paced"): a
+        bulk stream that leaves the CPU some room, as one behind a real
+        network link does, so what remains is what the path adds, not what
+        two saturated cores do to every process.
+        """
         plan = self.plan
         seconds = plan.loaded_seconds
         path = f"{BULK_PATH}?size={plan.bulk_bytes}"
-        label = f"loop-{route.name.replace(' ', '')}"
+        key = "loaded" if rate is None else "loaded_paced"
+        label = f"{key}-{route.name.replace(' ', '')}"
         async with bulk_loop(
-            self.children, route.target, path, size=plan.bulk_bytes, label=label
+            self.children, route.target, path, size=plan.bulk_bytes, label=label, rate=rate
         ) as runs:
             await self._wait_bulk_flowing()
             start_bytes, started = (await self._upstream_stats())["bulk_bytes"], time.monotonic()
-            result = await self._wrk(route, POD_PATH, 1, seconds, "c1bulk")
+            result = await self._wrk(route, POD_PATH, 1, seconds, f"c1-{key}")
             moved = (await self._upstream_stats())["bulk_bytes"] - start_bytes
             elapsed = time.monotonic() - started
-        route.results["loaded"] = {
+        route.results[key] = {
             **asdict(result),
             "bulk_mb_per_s": moved / elapsed / 1e6,
             "bulk_downloads_completed": len(runs),
@@ -443,6 +452,13 @@ class Bench:
             )
             for route in self.routes:
                 await self.loaded(route)
+        if "paced" not in skip:
+            print(
+                f"latency at concurrency 1 ({plan.loaded_seconds} s) during bulk downloads paced "
+                f"at {PACED_RATE // MIB} MiB/s:"
+            )
+            for route in self.routes:
+                await self.loaded(route, rate=PACED_RATE)
         tunnel = next((route for route in self.routes if route.name == "tunnel"), None)
         if profile_tool is not None and "profile" not in skip and tunnel is not None:
             print(

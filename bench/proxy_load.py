@@ -169,13 +169,22 @@ async def bulk(
 
 @contextlib.asynccontextmanager
 async def bulk_loop(
-    children: Children, target: Target, path: str, *, size: int, label: str
+    children: Children,
+    target: Target,
+    path: str,
+    *,
+    size: int,
+    label: str,
+    rate: int | None = None,
 ) -> AsyncIterator[list[BulkRun]]:
     """Download ``size`` bytes again and again on one connection while the block runs.
 
-    The list it yields fills, when the block ends, with the downloads that completed.
+    With ``rate`` (bytes/s), curl paces the downloads to it. The list it
+    yields fills, when the block ends, with the downloads that completed.
     """
     argv = _curl_argv(target, path, _LOOP_DOWNLOADS)
+    if rate is not None:
+        argv[1:1] = ["--limit-rate", str(rate)]
     process = await children.start(f"curl-{label}", argv, stdout=True)
     assert process.stdout is not None
     runs: list[BulkRun] = []

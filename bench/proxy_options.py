@@ -61,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--skip",
         default="",
-        help="comma-separated phases to skip: watches, rate, bulk, loaded, profile",
+        help="comma-separated phases to skip: watches, rate, bulk, loaded, paced, profile",
     )
     parser.add_argument(
         "--paths",

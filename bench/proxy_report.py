@@ -43,10 +43,14 @@ def _get(*keys: str, scale: float = 1.0) -> Getter:
     return getter
 
 
-def _loaded_ratio(results: dict[str, Any]) -> float | None:
-    if not results.get("c1") or "loaded" not in results:
+def _loaded_ratio(results: dict[str, Any], key: str = "loaded") -> float | None:
+    if not results.get("c1") or key not in results:
         return None
-    return float(results["loaded"]["p99"]) / max(_median(results["c1"], "p99"), 1.0)
+    return float(results[key]["p99"]) / max(_median(results["c1"], "p99"), 1.0)
+
+
+def _paced_ratio(results: dict[str, Any]) -> float | None:
+    return _loaded_ratio(results, "loaded_paced")
 
 
 def _watch_memory(results: dict[str, Any]) -> float | None:
@@ -179,6 +183,12 @@ def report(results: dict[str, Any]) -> str:
     table.row("c1 during bulk p99 (ms)", _get("loaded", "p99", scale=1e-3))
     table.row("  p99 during bulk / p99 unloaded", _loaded_ratio, "{:.2f}", ratio=False)
     table.row("  bulk MB/s meanwhile", _get("loaded", "bulk_mb_per_s"), "{:,.0f}", ratio=False)
+    table.row("c1 during paced bulk p50 (ms)", _get("loaded_paced", "p50", scale=1e-3))
+    table.row("c1 during paced bulk p99 (ms)", _get("loaded_paced", "p99", scale=1e-3))
+    table.row("  p99 during paced bulk / p99 unloaded", _paced_ratio, "{:.2f}", ratio=False)
+    table.row(
+        "  paced bulk MB/s meanwhile", _get("loaded_paced", "bulk_mb_per_s"), "{:,.0f}", ratio=False
+    )
     lines += table.lines
     lines += ["", *_targets(routes)]
     lines += ["", "CPU per request at concurrency 1, last round (microseconds, by process):"]
@@ -266,5 +276,11 @@ def _targets(routes: dict[str, dict[str, Any]]) -> list[str]:
             f"  c1 p99 during bulk <= {goal:g} x unloaded: {ratio:.2f}x "
             f"({tunnel['loaded']['p99'] / 1000:.3f} vs {_c1('p99')(tunnel):.3f} ms) "
             f"-> {_verdict(ratio <= goal)}"
+        )
+    paced = _paced_ratio(tunnel)
+    if paced is not None:
+        lines.append(
+            f"  (the same with the bulk paced to about 1 Gbit/s: {paced:.2f}x, "
+            f"{tunnel['loaded_paced']['p99'] / 1000:.3f} ms)"
         )
     return lines
