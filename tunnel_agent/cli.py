@@ -267,15 +267,15 @@ async def run_agent(settings: AgentSettings) -> None:
         on_disconnected=disconnected,
     )
     metrics = AgentMetrics(agent, proxy, runner)
-    health = None
-    if settings.health_listen is not None:
-        health, port = await start_health_server(agent, *settings.health_listen, metrics)
-        logger.info("health endpoints on %s:%d", settings.health_listen[0], port)
     # The command executors use kubernetes_asyncio's client (tens of thousands
     # of objects); loaded now, the freeze covers it.
     importlib.import_module("kubernetes_asyncio.client")
     frozen = freeze_startup_objects()
     logger.debug("%d start-up objects frozen out of full garbage collections", frozen)
+    health = None
+    if settings.health_listen is not None:
+        health, port = await start_health_server(agent, *settings.health_listen, metrics)
+        logger.info("health endpoints on %s:%d", settings.health_listen[0], port)
     tasks = [
         asyncio.create_task(agent.run(), name="agent"),
         asyncio.create_task(runner.run(), name="command runner"),

@@ -14,6 +14,7 @@ from tunnel_server.store import (
     AuditKind,
     InvalidValueError,
     SqliteStore,
+    sqlite_ops,
 )
 from tunnel_server.store.sqlite_codec import MAX_AUDIT_DETAIL_BYTES
 
@@ -178,4 +179,16 @@ async def test_a_batch_with_one_invalid_event_stores_none_of_it(store: SqliteSto
     )
     with pytest.raises(InvalidValueError, match="audit detail is over"):
         await store.add_audit_events([event(0), oversized, event(2)])
+    assert await store.list_audit() == []
+
+
+async def test_a_batch_the_database_refuses_midway_stores_none_of_it(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Let a bad kind past the Python check, so that the table's CHECK refuses
+    # the second row inside executemany, after the first was inserted.
+    monkeypatch.setattr(sqlite_ops, "check_kind", lambda kind: kind)
+    bad = AuditEvent(None, NOW, "ann", "prod", "teleport", "get")  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match="refused a value"):
+        await store.add_audit_events([event(0), bad, event(2)])
     assert await store.list_audit() == []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnel_server.store.base import StoreError
+from tunnel_server.store.base import StoreClosedError, StoreError
 from tunnel_server.store.sqlite_schema import transaction
 from tunnel_server.store.sqlite_worker import MAX_BATCH, DatabaseWorker
 
@@ -31,6 +31,7 @@ class Database:
     def __init__(self, path: Path) -> None:
         self.executor = ThreadPoolExecutor(max_workers=1)
         self.statements: list[str] = []
+        self.closed = False
         self.db = self.executor.submit(self._connect, path).result()
         self.worker = DatabaseWorker(self.executor, self.db, _translate)
 
@@ -73,8 +74,11 @@ class Database:
         return self.statements.count("COMMIT")
 
     def close(self) -> None:
-        self.executor.submit(self.db.close).result()
-        self.executor.shutdown()
+        """Close the connection on its thread and stop the thread (once)."""
+        if not self.closed:
+            self.closed = True
+            self.executor.submit(self.db.close).result()
+            self.executor.shutdown()
 
 
 @pytest.fixture
@@ -112,11 +116,22 @@ async def test_operations_queued_together_commit_in_one_transaction(database: Da
     assert database.names() == [f"item-{n:02}" for n in range(20)]
 
 
+def batch_sizes(statements: list[str]) -> list[int]:
+    """The operations in each batched transaction of a statement trace."""
+    sizes: list[int] = []
+    for statement in statements:
+        if statement == "BEGIN IMMEDIATE":
+            sizes.append(0)
+        elif statement == "SAVEPOINT operation":
+            sizes[-1] += 1
+    return sizes
+
+
 async def test_a_batch_holds_at_most_max_batch_operations(database: Database) -> None:
     with database.paused():
         futures = [database.worker.submit(insert(f"item-{n}")) for n in range(MAX_BATCH + 3)]
     await asyncio.gather(*futures)
-    assert database.commits() == 2
+    assert batch_sizes(database.statements) == [MAX_BATCH, 3]
     assert len(database.names()) == MAX_BATCH + 3
 
 
@@ -217,3 +232,104 @@ async def test_a_cancelled_caller_does_not_disturb_the_batch(database: Database)
     assert await awaited == "awaited"
     # Cancelling does not withdraw the operation: it ran with its batch.
     assert database.names() == ["abandoned", "awaited"]
+
+
+def fill_the_disk(db: sqlite3.Connection) -> None:
+    """Cap the file at its current size: the next page it needs fails with SQLITE_FULL."""
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    db.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def insert_big(name: str) -> Callable[[sqlite3.Connection], None]:
+    def operation(db: sqlite3.Connection) -> None:
+        db.execute("INSERT INTO items (name) VALUES (?)", (name + "x" * 100_000,))
+
+    return operation
+
+
+async def test_a_full_disk_reaches_every_caller_of_the_batch_as_itself(
+    database: Database,
+) -> None:
+    await database.worker.submit(fill_the_disk)
+    with database.paused():
+        small = database.worker.submit(insert("small"))
+        big = database.worker.submit(insert_big("big"))
+    for future in (small, big):
+        with pytest.raises(Refused, match="database or disk is full"):
+            await future
+    assert database.names() == []
+
+
+async def test_a_full_disk_in_a_lone_transaction_reaches_its_caller_as_itself(
+    database: Database,
+) -> None:
+    await database.worker.submit(fill_the_disk)
+
+    def in_a_transaction(db: sqlite3.Connection) -> None:
+        with transaction(db):
+            insert_big("big")(db)
+
+    with pytest.raises(Refused, match="database or disk is full"):
+        await database.worker.submit(in_a_transaction)
+
+
+async def test_an_operation_that_leaks_a_transaction_fails_and_keeps_nothing(
+    database: Database,
+) -> None:
+    def begin_and_leave(db: sqlite3.Connection) -> None:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("INSERT INTO items (name) VALUES ('leaked')")
+
+    with pytest.raises(StoreError, match="left a transaction open"):
+        await database.worker.submit(begin_and_leave)
+    assert await database.worker.submit(insert("next")) == "next"
+    assert database.names() == ["next"]
+
+
+async def test_an_operation_that_commits_inside_a_batch_fails_the_batch(
+    database: Database,
+) -> None:
+    def commit(db: sqlite3.Connection) -> None:
+        db.execute("COMMIT")
+
+    with database.paused():
+        rogue = database.worker.submit(commit)
+        other = database.worker.submit(insert("other"))
+    for future in (rogue, other):
+        with pytest.raises(StoreError, match="ended the batch's transaction"):
+            await future
+
+
+async def test_an_interrupt_inside_an_operation_fails_its_batch_and_not_the_worker(
+    database: Database,
+) -> None:
+    def interrupted(db: sqlite3.Connection) -> None:
+        raise KeyboardInterrupt
+
+    with database.paused():
+        first = database.worker.submit(interrupted)
+        second = database.worker.submit(insert("second"))
+    for future in (first, second):
+        with pytest.raises(StoreError, match="database thread failed"):
+            await future
+    assert await database.worker.submit(insert("later")) == "later"
+    assert database.names() == ["later"]
+
+
+async def test_each_caller_of_a_failed_batch_gets_its_own_error(database: Database) -> None:
+    await database.worker.submit(fill_the_disk)
+    with database.paused():
+        futures = [database.worker.submit(insert_big(f"big-{n}")) for n in range(2)]
+    for future in futures:
+        with pytest.raises(Refused):
+            await future
+    errors = [future.exception() for future in futures]
+    assert errors[0] is not errors[1]
+
+
+async def test_submitting_after_the_executor_is_shut_down_is_refused(
+    database: Database,
+) -> None:
+    database.close()
+    with pytest.raises(StoreClosedError):
+        database.worker.submit(insert("late"))

@@ -168,28 +168,36 @@ class CommandDispatcher:
 
         The window slides: an offer starts as soon as an earlier one ends, so
         the agent's round trips overlap instead of being paid one window at a
-        time. A failure (the store) cancels the offers still in flight, whose
-        commands stay pending, and reaches ``_dispatch_forever``.
+        time. A refusal or a failure (the store) stops new offers, but those
+        in flight run to their end: one reset after the agent accepted it
+        would leave the agent running an attempt the server still holds
+        pending. The first failure is raised once they have.
         """
         slots = asyncio.Semaphore(OFFER_WINDOW)
-        refused = False
+        stop = False
+        failures: list[Exception] = []
 
         async def offer(record: CommandRecord) -> None:
-            nonlocal refused
+            nonlocal stop
             try:
                 if not await self._offer(agent, record):
-                    refused = True
+                    stop = True
+            except Exception as exc:  # noqa: BLE001 - kept, raised once the others end
+                stop = True
+                failures.append(exc)
             finally:
                 slots.release()
 
         async with asyncio.TaskGroup() as offers:
             for record in records:
                 await slots.acquire()
-                if refused:
+                if stop:
                     slots.release()
                     break
                 offers.create_task(offer(record), name=f"offer {record.id}")
-        return not refused
+        if failures:
+            raise failures[0]
+        return not stop
 
     async def _offer(self, agent: AgentConnection, record: CommandRecord) -> bool:
         """Offer one command; False when the agent cannot take more now."""

@@ -203,13 +203,17 @@ def transaction(db: sqlite3.Connection) -> Iterator[None]:
     Inside a transaction already (a batch, see ``sqlite_worker``), the block
     runs in a savepoint: undone alone if it raises, committed with the batch.
     """
+    # On a failure, SQLite may have rolled back the transaction itself (disk
+    # full, an I/O error): then there is nothing left to undo, and the
+    # original error, not "no transaction is active", must reach the caller.
     if db.in_transaction:
         db.execute("SAVEPOINT block")
         try:
             yield
         except BaseException:
-            db.execute("ROLLBACK TO block")
-            db.execute("RELEASE block")
+            if _still_open(db):
+                db.execute("ROLLBACK TO block")
+                db.execute("RELEASE block")
             raise
         db.execute("RELEASE block")
         return
@@ -217,9 +221,15 @@ def transaction(db: sqlite3.Connection) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        db.execute("ROLLBACK")
+        if _still_open(db):
+            db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+def _still_open(db: sqlite3.Connection) -> bool:
+    """Whether ``db`` is in a transaction (after a failure SQLite may have ended it)."""
+    return db.in_transaction
 
 
 def current_version(db: sqlite3.Connection) -> int:

@@ -11,6 +11,12 @@ COMMIT, so what a caller sees stored is stored (as durably as
 Why: under load (a burst of submissions while results arrive) a commit and a
 thread hand-off per operation cost more than the operations; a batch pays for
 one of each. An idle store sees batches of one, which run without savepoints.
+
+An operation must therefore not BEGIN, COMMIT or ROLLBACK itself (it uses
+``sqlite_schema.transaction``, which becomes a savepoint inside a batch), nor
+run what SQLite refuses inside a transaction (VACUUM, some PRAGMAs); one that
+ends or leaks the transaction fails loudly. If SQLite abandons a transaction
+itself (disk full, an I/O error), every caller of that batch gets that error.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from .base import StoreError
+from .base import StoreClosedError, StoreError
 
 __all__ = ["MAX_BATCH", "DatabaseWorker"]
 
@@ -64,56 +70,90 @@ class DatabaseWorker:
         Cancelling the future does not withdraw the operation: it may still run.
         """
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        item: _Item = (operation, future)
         with self._lock:
-            self._queue.append((operation, future))
+            self._queue.append(item)
             if self._scheduled:
                 return future
             self._scheduled = True
-        self._executor.submit(self._drain)
+        try:
+            self._executor.submit(self._drain)
+        except RuntimeError as exc:  # the executor is shut down: nothing will run it
+            with self._lock:
+                self._scheduled = False
+                self._queue.remove(item)  # alone: no drain was scheduled, so none took it
+            raise StoreClosedError("the state store is closed") from exc
         return future
 
     # --- on the database thread ---
 
     def _drain(self) -> None:
-        while True:
+        batch: list[_Item] = []
+        try:
+            while True:
+                with self._lock:
+                    if not self._queue:
+                        self._scheduled = False
+                        return
+                    count = min(len(self._queue), MAX_BATCH)
+                    batch = [self._queue.popleft() for _ in range(count)]
+                try:
+                    outcomes = self._run_batch(batch)
+                except Exception as exc:  # noqa: BLE001 - the batch failed whole: to its callers
+                    self._abandon()
+                    outcomes = [(future, None, self._batch_error(exc)) for _, future in batch]
+                batch = []
+                _settle(outcomes)
+        except BaseException:
+            # Something escaped (an interrupt inside an operation, a bug here).
+            # Fail what was in hand and what is queued rather than leave their
+            # callers waiting for good; the next submission starts afresh.
+            self._abandon()
             with self._lock:
-                if not self._queue:
-                    self._scheduled = False
-                    return
-                count = min(len(self._queue), MAX_BATCH)
-                batch = [self._queue.popleft() for _ in range(count)]
-            try:
-                outcomes = self._run_batch(batch)
-            except Exception as exc:  # noqa: BLE001 - the transaction machinery failed: to the callers
-                self._abandon()
-                error = self._caller_error(exc)
-                outcomes = [(future, None, error) for _, future in batch]
-            _settle(outcomes)
+                stranded = [*batch, *self._queue]
+                self._queue.clear()
+                self._scheduled = False
+            _settle(
+                [
+                    (future, None, StoreError("the state database thread failed; retry"))
+                    for _, future in stranded
+                ]
+            )
+            raise
 
     def _run_batch(self, batch: list[_Item]) -> list[_Outcome]:
+        db = self._db
         if len(batch) == 1:
             # Alone, an operation runs as it would without batching: reads in
             # autocommit mode, writes in the transactions they open themselves.
             operation, future = batch[0]
             try:
-                return [(future, operation(self._db), None)]
+                value = operation(db)
             except Exception as exc:  # noqa: BLE001 - handed to the caller
                 self._abandon()
                 return [(future, None, self._caller_error(exc))]
-        db = self._db
+            if db.in_transaction:
+                raise StoreError(f"{_name(operation)} left a transaction open")
+            return [(future, value, None)]
         db.execute("BEGIN IMMEDIATE")
         outcomes: list[_Outcome] = []
         for operation, future in batch:
             db.execute("SAVEPOINT operation")
             try:
                 value = operation(db)
-            except Exception as exc:  # noqa: BLE001 - the caller's; only its changes are undone
+            except Exception as exc:  # the caller's: only its changes are undone
+                if not db.in_transaction:
+                    # SQLite rolled back the whole transaction itself (disk
+                    # full, I/O error): every operation of the batch is undone.
+                    raise
                 db.execute("ROLLBACK TO operation")
                 db.execute("RELEASE operation")
                 outcomes.append((future, None, self._caller_error(exc)))
-            else:
-                db.execute("RELEASE operation")
-                outcomes.append((future, value, None))
+                continue
+            if not db.in_transaction:
+                raise StoreError(f"{_name(operation)} ended the batch's transaction")
+            db.execute("RELEASE operation")
+            outcomes.append((future, value, None))
         db.execute("COMMIT")
         return outcomes
 
@@ -125,11 +165,27 @@ class DatabaseWorker:
                 self._db.execute("ROLLBACK")
 
     def _caller_error(self, exc: Exception) -> BaseException:
+        """The error one caller receives for its own operation's failure."""
         if isinstance(exc, sqlite3.Error):
             translated = self._translate(exc)
             translated.__cause__ = exc
             return translated
         return exc
+
+    def _batch_error(self, exc: Exception) -> BaseException:
+        """A fresh error for each caller of a batch that failed whole (not one shared object,
+        whose traceback would gather every caller's frames)."""
+        error = (
+            self._translate(exc)
+            if isinstance(exc, sqlite3.Error)
+            else StoreError(f"the state database failed: {exc}")
+        )
+        error.__cause__ = exc
+        return error
+
+
+def _name(operation: Operation) -> str:
+    return getattr(operation, "__qualname__", repr(operation))
 
 
 def _settle(outcomes: list[_Outcome]) -> None:
