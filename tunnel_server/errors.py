@@ -51,11 +51,15 @@ class ApiError(ServerError):
     code = "internal"
     retry_after: float | None = None
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, code: str | None = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
+        if retry_after is not None:
+            self.retry_after = retry_after
 
 
 class BadRequestError(ApiError):
@@ -93,10 +97,7 @@ class TooManyRequestsError(ApiError):
 
     status = 429
     code = "too_many_requests"
-
-    def __init__(self, message: str, *, retry_after: float = 1.0, code: str | None = None) -> None:
-        super().__init__(message, code=code)
-        self.retry_after = retry_after
+    retry_after = 1.0
 
 
 class UnavailableError(ApiError):
@@ -104,7 +105,4 @@ class UnavailableError(ApiError):
 
     status = 503
     code = "unavailable"
-
-    def __init__(self, message: str, *, retry_after: float = 1.0, code: str | None = None) -> None:
-        super().__init__(message, code=code)
-        self.retry_after = retry_after
+    retry_after = 1.0
