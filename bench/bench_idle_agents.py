@@ -36,7 +36,7 @@ processes run its hidden ``--role`` modes. The parts: ``bench.idle_workers``
 (the agent worker processes), ``bench.idle_server`` (the baseline server and
 the tunnel server's experiments), ``bench.idle_setup`` (credentials and
 health probes), ``bench.idle_phases`` (the measured phases) and
-``bench.idle_procs`` (child processes and /proc).
+``bench.idle_procs`` (/proc figures; child processes from ``bench.procs``).
 
     .venv/bin/python -m bench.bench_idle_agents                 # 200 agents, quick
     .venv/bin/python -m bench.bench_idle_agents --agents 2000 --processes 4
@@ -68,7 +68,7 @@ import aiohttp
 from tunnel_agent.errors import AgentError
 
 from .idle_phases import baseline_phase, tunnel_phase
-from .idle_procs import MODULE, REPO, BenchError, Children, free_port, raise_nofile
+from .idle_procs import MODULE, REPO, STOP_GRACE, BenchError, Children, free_port, raise_nofile
 from .idle_server import baseline_server, serve_experiment, set_ssl_read_buffer
 from .idle_setup import prepare
 from .idle_workers import run_worker
@@ -103,7 +103,7 @@ def _environment() -> dict[str, Any]:
 
 
 async def _orchestrate(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
-    children = Children(run_dir)
+    children = Children(run_dir, stop_grace=STOP_GRACE)
     main_task = asyncio.current_task()
     assert main_task is not None
     # SIGTERM ends the run like Ctrl-C does: the children are stopped first.

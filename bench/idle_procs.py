@@ -1,27 +1,25 @@
-"""Child processes of the idle-agents benchmark, and what /proc says about them.
+"""What the idle-agents benchmark adds to :mod:`bench.procs`: its module, /proc figures in the
+shape it reports, and the open-files limit its thousands of sockets need.
 
-Every child (the servers, the agent workers) is started through a tiny
-wrapper that sets ``PR_SET_PDEATHSIG`` (it dies with the benchmark, even one
-killed by SIGKILL) and then ``execv``'s the real program in its own session,
-so that a Ctrl-C reaches the benchmark alone; the benchmark ends each child by
-its pid (SIGTERM, then SIGKILL after a grace period). The figures come from
+Child processes (started with ``PR_SET_PDEATHSIG``, ended by pid) come from
+:mod:`bench.procs`, shared with the other benchmarks. The figures come from
 ``/proc/PID/stat`` (CPU) and ``/proc/PID/status`` (memory).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import resource
-import socket
-import sys
 from pathlib import Path
+
+from .procs import PIPE_LIMIT, REPO, BenchError, Children, free_port
 
 __all__ = [
     "MODULE",
     "PIPE_LIMIT",
     "REPO",
+    "STOP_GRACE",
     "BenchError",
     "Children",
     "cpu_seconds",
@@ -30,27 +28,11 @@ __all__ = [
     "raise_nofile",
 ]
 
-REPO = Path(__file__).resolve().parents[1]
 #: The benchmark's module; its hidden ``--role`` runs each kind of child.
 MODULE = "bench.bench_idle_agents"
-#: The longest JSON line a worker and the orchestrator exchange.
-PIPE_LIMIT = 16 * 1024 * 1024
+#: A server holding thousands of agents may take this long to drain at SIGTERM.
+STOP_GRACE = 10.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
-_STOP_GRACE = 10.0
-
-# Run by every child before it becomes the real program: die with the benchmark
-# (PR_SET_PDEATHSIG = 1 survives execve), or exit if it is already gone.
-_WITH_PARENT = (
-    "import ctypes, os, signal, sys\n"
-    "ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    sys.exit(70)\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n"
-)
-
-
-class BenchError(Exception):
-    """The benchmark could not measure what it set out to; the message says why."""
 
 
 def cpu_seconds(pid: int) -> float:
@@ -78,65 +60,3 @@ def raise_nofile() -> tuple[int, int]:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _child_environment() -> dict[str, str]:
-    # The tree this benchmark is in, also for console scripts (their sys.path lacks the cwd).
-    environment = dict(os.environ)
-    paths = [str(REPO), *filter(None, environment.get("PYTHONPATH", "").split(os.pathsep))]
-    environment["PYTHONPATH"] = os.pathsep.join(paths)
-    return environment
-
-
-class Children:
-    """Every process the benchmark started; each ends when the benchmark does."""
-
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self._processes: list[asyncio.subprocess.Process] = []
-
-    async def start(
-        self, name: str, argv: list[str], *, pipes: bool = False
-    ) -> asyncio.subprocess.Process:
-        with (self.logs / f"{name}.log").open("ab") as log:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-S",
-                "-c",
-                _WITH_PARENT,
-                str(os.getpid()),
-                *argv,
-                stdin=asyncio.subprocess.PIPE if pipes else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE if pipes else log,
-                stderr=log,
-                cwd=REPO,
-                env=_child_environment(),
-                start_new_session=True,  # a Ctrl-C reaches the benchmark alone; it ends them
-                limit=PIPE_LIMIT,
-            )
-        self._processes.append(process)
-        return process
-
-    async def stop(self, process: asyncio.subprocess.Process) -> None:
-        """SIGTERM, then SIGKILL after a grace period."""
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), _STOP_GRACE)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
-        if process in self._processes:
-            self._processes.remove(process)
-
-    async def stop_all(self) -> None:
-        await asyncio.gather(*(self.stop(process) for process in list(self._processes)))

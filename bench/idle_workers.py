@@ -346,7 +346,7 @@ async def start_workers(
         config_path = run_dir / f"{mode}-worker-{number}.json"
         config_path.write_text(json.dumps(config))
         argv = [sys.executable, "-m", MODULE, "--role", "worker", "--config", str(config_path)]
-        process = await children.start(f"{mode}-worker-{number}", argv, pipes=True)
+        process = await children.start(f"{mode}-worker-{number}", argv, stdin=True, stdout=True)
         workers.append(Worker(process, len(part)))
     return workers
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 __all__ = [
+    "PIPE_LIMIT",
     "REPO",
     "BenchError",
     "Children",
@@ -33,7 +34,8 @@ __all__ = [
 REPO = Path(__file__).resolve().parents[1]
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _STOP_GRACE = 5.0
-_PIPE_LIMIT = 16 * 1024 * 1024
+#: The longest line a child and the benchmark exchange on a pipe.
+PIPE_LIMIT = 16 * 1024 * 1024
 
 # Run by every child before it becomes the real program: die with the benchmark
 # (PR_SET_PDEATHSIG = 1 survives execve), or exit if it is already gone.
@@ -61,8 +63,9 @@ def child_environment() -> dict[str, str]:
 class Children:
     """Every process the benchmark started; each ends when the benchmark does."""
 
-    def __init__(self, logs: Path) -> None:
+    def __init__(self, logs: Path, *, stop_grace: float = _STOP_GRACE) -> None:
         self.logs = logs
+        self.stop_grace = stop_grace
         self._processes: dict[int, tuple[str, asyncio.subprocess.Process]] = {}
 
     async def start(
@@ -89,7 +92,7 @@ class Children:
                 cwd=REPO,
                 env=env if env is not None else child_environment(),
                 start_new_session=True,
-                limit=_PIPE_LIMIT,
+                limit=PIPE_LIMIT,
             )
         self._processes[process.pid] = (name, process)
         return process
@@ -119,7 +122,7 @@ class Children:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
             try:
-                await asyncio.wait_for(process.wait(), _STOP_GRACE)
+                await asyncio.wait_for(process.wait(), self.stop_grace)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
