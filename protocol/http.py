@@ -17,6 +17,7 @@ stream's bytes as they come and says when the head is complete.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -132,17 +133,24 @@ class ResponseHeadParser:
         """
         if self.head is not None:
             return data
-        self._buffer += data
-        if len(self._buffer) < _LENGTH.size:
+        # Usually the whole head (and often the whole body) comes in one
+        # chunk: then it is read in place, without gathering it first.
+        buffer: bytes | bytearray = data
+        if self._buffer:
+            self._buffer += data
+            buffer = self._buffer
+        if len(buffer) < _LENGTH.size:
+            self._keep(buffer)
             return b""
-        (length,) = _LENGTH.unpack_from(self._buffer)
+        (length,) = _LENGTH.unpack_from(buffer)
         if length > MAX_RESPONSE_HEAD:
             raise MalformedFrameError(f"response head of {length} bytes is too large")
         end = _LENGTH.size + length
-        if len(self._buffer) < end:
+        if len(buffer) < end:
+            self._keep(buffer)
             return b""
         try:
-            value = msgpack.unpackb(bytes(self._buffer[_LENGTH.size : end]), raw=False)
+            value = msgpack.unpackb(memoryview(buffer)[_LENGTH.size : end], raw=False)
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise MalformedFrameError("the response head is not valid msgpack") from exc
         if not isinstance(value, dict):
@@ -152,9 +160,14 @@ class ResponseHeadParser:
         if type(status) is not int or not 100 <= status <= 599 or not isinstance(reason, str):
             raise MalformedFrameError("the response head needs a status 100..599")
         self.head = ResponseHead(status, reason[:128], _headers(value.get("headers")))
-        rest = bytes(self._buffer[end:])
+        rest = bytes(buffer[end:]) if end < len(buffer) else b""
         self._buffer = bytearray()
         return rest
+
+    def _keep(self, buffer: bytes | bytearray) -> None:
+        """Hold an incomplete head until more comes."""
+        if buffer is not self._buffer:
+            self._buffer += buffer
 
 
 def _headers(value: Any) -> Headers:
@@ -169,22 +182,16 @@ def _headers(value: Any) -> Headers:
             or len(pair) != 2
             or not isinstance(pair[0], str)
             or not isinstance(pair[1], str)
-            or not pair[0]
             or len(pair[1]) > MAX_HEADER_VALUE
-            or not _is_token(pair[0])
-            or "\r" in pair[1]
-            or "\n" in pair[1]
-            or "\0" in pair[1]
+            or _TOKEN.fullmatch(pair[0]) is None
+            or _UNSAFE_VALUE.search(pair[1]) is not None
         ):
             raise MalformedFrameError("a header must be a [name, value] pair of safe strings")
         pairs.append((pair[0].lower(), pair[1]))
     return tuple(pairs)
 
 
-_TOKEN_CHARS = frozenset(
-    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-)
-
-
-def _is_token(name: str) -> bool:
-    return len(name) <= 256 and all(char in _TOKEN_CHARS for char in name)
+# RFC 9110 token characters, 1 to 256 of them; values must not break a header line.
+# (Regular expressions: checked in C, on every header of every proxied request.)
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,256}")
+_UNSAFE_VALUE = re.compile(r"[\r\n\0]")
