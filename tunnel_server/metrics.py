@@ -42,6 +42,10 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._live: set[Session] = set()
+        # The labelled children of the proxy's metrics, found once: labels() costs
+        # a lock and a lookup on every proxied request. Bounded by verbs x codes.
+        self._proxy_counts: dict[tuple[str, int], Counter] = {}
+        self._proxy_durations: dict[str, Histogram] = {}
         self.sessions = SessionCollector("tunnel_server", lambda: list(self._live))
         self.registry.register(self.sessions)
         r = self.registry
@@ -100,8 +104,14 @@ class ServerMetrics:
 
     def observe_proxy(self, verb: str, code: int, seconds: float) -> None:
         verb = verb if verb in KNOWN_VERBS else "other"
-        self.proxy_requests.labels(verb, str(code)).inc()
-        self.proxy_duration.labels(verb).observe(seconds)
+        count = self._proxy_counts.get((verb, code))
+        if count is None:
+            count = self._proxy_counts[verb, code] = self.proxy_requests.labels(verb, str(code))
+        count.inc()
+        duration = self._proxy_durations.get(verb)
+        if duration is None:
+            duration = self._proxy_durations[verb] = self.proxy_duration.labels(verb)
+        duration.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

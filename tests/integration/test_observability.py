@@ -87,3 +87,30 @@ async def test_the_server_sets_a_smaller_tls_read_buffer(server: RunningServer) 
 
     assert asyncio.sslproto.SSLProtocol.max_size == server.settings.tunnel.tls_read_buffer
     assert server.settings.tunnel.tls_read_buffer == 64 * 1024
+
+
+async def test_proxied_requests_are_counted_by_verb_and_code(server: RunningServer) -> None:
+    await server.add_cluster("prod-eu")  # never connected: every request gets 503 at once
+    status, _ = await server.api("PUT", "/api/v1/grants/admin/prod-eu", {})
+    assert status == 200
+    base = f"{server.url}/k8s/clusters/prod-eu"
+    headers = {"Authorization": f"Bearer {server.admin_token}"}
+    async with aiohttp.ClientSession() as http:
+        for method, path in [
+            ("GET", "/api/v1/pods"),
+            ("GET", "/api/v1/namespaces/default/pods"),
+            ("GET", "/api/v1/namespaces/default/pods/web"),
+            ("PROPFIND", "/api/v1/pods"),
+        ]:
+            async with http.request(
+                method, base + path, headers=headers, ssl=client_context(server.ca_pem)
+            ) as response:
+                assert response.status == 503
+    found = await server_metrics(server)
+    counts = "tunnel_server_proxy_requests_total"
+    assert found[(counts, (("code", "503"), ("verb", "list")))] == 2
+    assert found[(counts, (("code", "503"), ("verb", "get")))] == 1
+    assert found[(counts, (("code", "503"), ("verb", "other")))] == 1
+    durations = "tunnel_server_proxy_request_duration_seconds_count"
+    assert found[(durations, (("verb", "list"),))] == 2
+    assert found[(durations, (("verb", "get"),))] == 1
