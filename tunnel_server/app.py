@@ -23,13 +23,20 @@ from .bootstrap import BOOTSTRAP_PATH, bootstrap
 from .commands import CommandDispatcher, setup_command_api
 from .config import ServerSettings
 from .context import CONTEXT, ServerContext, utcnow
-from .errors import ApiError, ConfigError, ConflictError, NotFoundApiError, UnavailableError
+from .errors import (
+    ApiError,
+    ConfigError,
+    ConflictError,
+    NotFoundApiError,
+    TooManyRequestsError,
+    UnavailableError,
+)
 from .kubeproxy import setup_kube_proxy
 from .listener import BoundedTlsListener
 from .metrics import ServerMetrics
 from .registry import AgentRegistry
 from .statedir import ServerIdentity, ensure_admin, prepare_state_dir
-from .store.base import AlreadyExistsError, NotFoundError, StoreError
+from .store.base import AlreadyExistsError, NotFoundError, QueueFullError, StoreError
 from .store.sqlite import SqliteStore
 
 __all__ = ["create_app", "run_server", "set_tls_read_buffer", "start_server", "stop_server"]
@@ -98,6 +105,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error_response(NotFoundApiError(str(exc)))
     except AlreadyExistsError as exc:
         return _error_response(ConflictError(str(exc), code="already_exists"))
+    except QueueFullError as exc:
+        return _error_response(TooManyRequestsError(str(exc), code="queue_full"))
     except StoreError as exc:
         logger.error("store failure: %s", exc)
         return _error_response(UnavailableError("the server's store is unavailable"))

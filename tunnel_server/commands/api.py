@@ -18,9 +18,9 @@ from aiohttp import web
 
 from ..auth import authenticate
 from ..context import CONTEXT, ServerContext
-from ..errors import BadRequestError, ForbiddenError, PayloadTooLargeError, TooManyRequestsError
+from ..errors import BadRequestError, ForbiddenError, PayloadTooLargeError
 from ..httpjson import json_response, timestamp
-from ..store.base import QueueFullError, User
+from ..store.base import User
 from ..store.commands import CommandRecord
 from .specs import SpecError, spec_facts
 
@@ -59,10 +59,7 @@ async def submit_command(request: web.Request) -> web.Response:
         spec, facts = spec_facts(spec)
     except SpecError as exc:
         raise BadRequestError(str(exc), code="invalid_spec") from exc
-    try:
-        record, created = await context.commands.submit(cluster, user.name, spec, facts, key)
-    except QueueFullError as exc:
-        raise TooManyRequestsError(str(exc), code="queue_full") from exc
+    record, created = await context.commands.submit(cluster, user.name, spec, facts, key)
     return json_response(command_view(record), status=201 if created else 200)
 
 
