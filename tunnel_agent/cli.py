@@ -270,8 +270,7 @@ async def run_agent(settings: AgentSettings) -> None:
     # The command executors use kubernetes_asyncio's client (tens of thousands
     # of objects); loaded now, the freeze covers it.
     importlib.import_module("kubernetes_asyncio.client")
-    frozen = freeze_startup_objects()
-    logger.debug("%d start-up objects frozen out of full garbage collections", frozen)
+    freeze_startup_objects()
     health = None
     if settings.health_listen is not None:
         health, port = await start_health_server(agent, *settings.health_listen, metrics)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import gc
+import logging
 
 __all__ = ["freeze_startup_objects"]
+
+logger = logging.getLogger(__name__)
 
 
 def freeze_startup_objects() -> int:
@@ -21,4 +24,6 @@ def freeze_startup_objects() -> int:
     """
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
+    frozen = gc.get_freeze_count()
+    logger.debug("%d start-up objects frozen out of full garbage collections", frozen)
+    return frozen

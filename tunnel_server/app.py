@@ -216,8 +216,7 @@ async def stop_server(runner: web.AppRunner) -> None:
 async def run_server(settings: ServerSettings) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully."""
     runner, _ = await start_server(settings)
-    frozen = freeze_startup_objects()
-    logger.debug("%d start-up objects frozen out of full garbage collections", frozen)
+    freeze_startup_objects()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
