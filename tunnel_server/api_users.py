@@ -14,7 +14,7 @@ from .auth import authenticate, require_admin
 from .context import CONTEXT, ServerContext, utcnow
 from .errors import BadRequestError, ForbiddenError
 from .httpjson import json_response, read_json, require_str, timestamp
-from .kubeproxy import IDENTITY_PREFIX
+from .proxyrequest import IDENTITY_PREFIX
 from .statedir import new_token
 from .store.base import AuditEvent, Grant, User, hash_token
 

@@ -8,14 +8,24 @@ from .context import CONTEXT
 from .errors import ForbiddenError, UnauthorizedError
 from .store.base import User
 
-__all__ = ["MAX_TOKEN_LENGTH", "authenticate", "bearer_token", "require_admin"]
+__all__ = [
+    "MAX_TOKEN_LENGTH",
+    "authenticate",
+    "bearer_token",
+    "parse_bearer",
+    "require_admin",
+]
 
 MAX_TOKEN_LENGTH = 256
 
 
 def bearer_token(request: web.Request) -> str:
     """The bearer token of the request, bounded and well-formed, or 401."""
-    header = request.headers.get("Authorization", "")
+    return parse_bearer(request.headers.get("Authorization", ""))
+
+
+def parse_bearer(header: str) -> str:
+    """The token of an ``Authorization: Bearer TOKEN`` value, or 401."""
     scheme, _, token = header.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:

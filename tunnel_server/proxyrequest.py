@@ -1,0 +1,274 @@
+"""What every proxied Kubernetes API request goes through, whoever parsed it.
+
+Two front ends serve ``/k8s/clusters/{cluster}/...``: the lean one
+(:mod:`tunnel_server.frontdoor`, plain requests) and aiohttp's route
+(:mod:`tunnel_server.kubeproxy`, upgrades and anything unusual). Both call
+:func:`open_relay` to authenticate the caller, check the grant, rewrite the
+identity and open the ``http`` stream on the cluster's agent session, and
+:func:`finish` to record the metrics and the audit event; a refusal is a
+:class:`ProxyRefusal`, answered as a Kubernetes ``Status``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from protocol import kinds
+from protocol.errors import LocalProtocolError
+from protocol.http import RequestHead
+from tunnel_kube import parse_api_request
+from tunnel_mux import MuxStream, SessionError
+
+from .auth import parse_bearer
+from .context import ServerContext, utcnow
+from .errors import ServerError, UnauthorizedError
+from .store.base import AuditEvent, Grant, User
+
+__all__ = [
+    "IDENTITY_PREFIX",
+    "ProxyExchange",
+    "ProxyRefusal",
+    "cluster_of",
+    "finish",
+    "forwarded_headers",
+    "impersonation_headers",
+    "kube_status_body",
+    "open_relay",
+    "upstream_path",
+]
+
+#: Every identity the server asserts in a cluster carries this prefix.
+IDENTITY_PREFIX = "tunnel:"
+
+# Never forwarded: hop-by-hop headers, and the caller's own credentials.
+_DROPPED = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+    }
+)
+# A cluster name as it appears, unencoded, in the path.
+_CLUSTER = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+class ProxyRefusal(ServerError):
+    """Answer the caller with a Kubernetes Status and stop."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(slots=True)
+class ProxyExchange:
+    """One proxied request, as its audit event and metrics record it."""
+
+    cluster: str
+    method: str
+    started: float = field(default_factory=time.monotonic)
+    user: str | None = None
+    verb: str = ""
+    path: str = ""
+    status: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+def kube_status_body(code: int, reason: str, message: str) -> bytes:
+    """A ``metav1.Status`` failure, as the API server would answer."""
+    return json.dumps(
+        {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code,
+        }
+    ).encode()
+
+
+def impersonation_headers(user: User, grant: Grant) -> list[tuple[str, str]]:
+    """The identity the cluster sees: ``tunnel:<user>`` in ``tunnel:<group>`` groups."""
+    headers = [("impersonate-user", IDENTITY_PREFIX + user.name)]
+    for group in dict.fromkeys((*user.groups, *grant.as_groups)):
+        headers.append(("impersonate-group", IDENTITY_PREFIX + group))
+    return headers
+
+
+def cluster_of(raw_target: str) -> str | None:
+    """The cluster a raw ``/k8s/clusters/{cluster}/...`` target names, if well-formed."""
+    rest = raw_target[len("/k8s/clusters/") :]
+    end = rest.find("/")
+    if not raw_target.startswith("/k8s/clusters/") or end <= 0:
+        return None
+    name = rest[:end]
+    return name if _CLUSTER.fullmatch(name) else None
+
+
+async def open_relay(
+    context: ServerContext,
+    exchange: ProxyExchange,
+    raw_target: str,
+    headers: Iterable[tuple[str, str]],
+    *,
+    upgrade: str | None,
+    has_body: bool,
+) -> MuxStream:
+    """Check the caller and open the request's stream to the cluster's agent.
+
+    ``headers`` are the caller's, names in lower case. Raises
+    :class:`ProxyRefusal` with the status to answer.
+    """
+    cluster = exchange.cluster
+    authorization = ""
+    for name, value in headers:
+        if name == "authorization":
+            authorization = value
+            break
+    try:
+        token = parse_bearer(authorization)
+    except UnauthorizedError as exc:
+        raise ProxyRefusal(401, "Unauthorized", exc.message) from exc
+    user = await context.access.user_for_token(token)
+    if user is None:
+        raise ProxyRefusal(401, "Unauthorized", "the API token is not valid")
+    exchange.user = user.name
+    grant = await context.access.grant(user.name, cluster)
+    if grant is None:
+        raise ProxyRefusal(403, "Forbidden", f"user {user.name} has no grant on cluster {cluster}")
+    path = upstream_path(raw_target, cluster)
+    exchange.path = path.split("?", 1)[0]
+    api_request = parse_api_request(exchange.method, path)
+    # exec, attach, portforward are audited as what they are, not as get/create.
+    exchange.verb = api_request.subresource if api_request.is_connect else api_request.verb
+    forwarded = forwarded_headers(headers, upgrade, user, grant)
+    agent = context.registry.get(cluster)
+    if agent is None:
+        # Fail fast: no waiting for an agent that may never come.
+        raise ProxyRefusal(
+            503, "ServiceUnavailable", f"cluster {cluster} is not connected (its agent is offline)"
+        )
+    head = RequestHead(exchange.method, path, tuple(forwarded), upgrade is not None)
+    try:
+        return agent.session.open_stream(
+            kinds.STREAM_HTTP, head.to_open_headers(), end_stream=not has_body
+        )
+    except (LocalProtocolError, SessionError) as exc:
+        raise ProxyRefusal(
+            503, "ServiceUnavailable", f"cluster {cluster} cannot take the request now: {exc}"
+        ) from exc
+
+
+async def finish(context: ServerContext, exchange: ProxyExchange) -> None:
+    """Record the request's metrics and, for an authenticated caller, its audit event."""
+    elapsed = time.monotonic() - exchange.started
+    context.metrics.observe_proxy(
+        exchange.verb or exchange.method.lower(), exchange.status, elapsed
+    )
+    if exchange.user is not None:
+        await context.audit.record(
+            AuditEvent(
+                id=None,
+                time=utcnow(),
+                user=exchange.user,
+                cluster=exchange.cluster,
+                kind="proxy",
+                verb=exchange.verb,
+                path=exchange.path[:512],
+                status=exchange.status,
+                bytes_in=exchange.bytes_in,
+                bytes_out=exchange.bytes_out,
+                duration_ms=round(elapsed * 1000),
+            )
+        )
+
+
+def upstream_path(raw_target: str, cluster: str) -> str:
+    """The path (and query) to ask the cluster's API server for, or 400."""
+    prefix = f"/k8s/clusters/{cluster}"
+    if (
+        not raw_target.startswith(prefix + "/")
+        and raw_target != prefix
+        and not raw_target.startswith(prefix + "?")
+    ):
+        raise ProxyRefusal(400, "BadRequest", "the cluster name must not be encoded")
+    rest = raw_target[len(prefix) :] or "/"
+    if rest.startswith("?"):
+        rest = "/" + rest
+    path, _, query = rest.partition("?")
+    lowered = path.lower()
+    if (
+        "%2f" in lowered
+        or "%5c" in lowered
+        or "%2e" in lowered
+        or "\\" in path
+        or "//" in path
+        or any(segment in (".", "..") for segment in path.split("/"))
+    ):
+        raise ProxyRefusal(400, "BadRequest", "the path must not contain dot or encoded segments")
+    return f"{path}?{query}" if query else path
+
+
+def forwarded_headers(
+    headers: Iterable[tuple[str, str]], upgrade: str | None, user: User, grant: Grant
+) -> list[tuple[str, str]]:
+    """The caller's headers as the agent gets them: no credentials, our identity."""
+    forwarded: list[tuple[str, str]] = []
+    impersonated: list[tuple[str, str]] = []
+    for name, value in headers:
+        if name.startswith("impersonate-"):
+            impersonated.append((name, value))
+        elif name not in _DROPPED:
+            forwarded.append((name, value))
+    if upgrade is not None:
+        forwarded.append(("connection", "Upgrade"))
+        forwarded.append(("upgrade", upgrade))
+    if impersonated:
+        forwarded.extend(_caller_impersonation(impersonated, user, grant))
+    else:
+        forwarded.extend(impersonation_headers(user, grant))
+    return forwarded
+
+
+def _caller_impersonation(
+    requested: list[tuple[str, str]], user: User, grant: Grant
+) -> list[tuple[str, str]]:
+    """The caller's own --as/--as-group, allowed only by its grant, inside our prefix."""
+    if not grant.impersonate:
+        raise ProxyRefusal(
+            403,
+            "Forbidden",
+            f"user {user.name} may not impersonate on this cluster "
+            "(Impersonate-* headers are refused without an impersonate grant)",
+        )
+    headers = []
+    for name, value in requested:
+        if name not in ("impersonate-user", "impersonate-group"):
+            raise ProxyRefusal(403, "Forbidden", f"the {name} header is not supported")
+        if value.startswith("system:") or not value or len(value) > 256:
+            raise ProxyRefusal(403, "Forbidden", f"{value[:64]!r} cannot be impersonated")
+        headers.append(
+            (name, value if value.startswith(IDENTITY_PREFIX) else IDENTITY_PREFIX + value)
+        )
+    if not any(name == "impersonate-user" for name, _ in headers):
+        raise ProxyRefusal(403, "Forbidden", "Impersonate-Group needs Impersonate-User")
+    return headers
