@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import unquote, unquote_plus
 
 __all__ = ["CONNECT_SUBRESOURCES", "ApiRequest", "parse_api_request"]
 
@@ -47,9 +47,13 @@ class ApiRequest:
 
 def parse_api_request(method: str, target: str) -> ApiRequest:
     """Classify ``method`` on ``target`` (a path with an optional query)."""
-    split = urlsplit(target)
-    path = split.path
-    parts = [unquote(part) for part in path.strip("/").split("/")] if path.strip("/") else []
+    # Every proxied request is classified on both sides of the tunnel, so this
+    # avoids urlsplit and parse_qs (same results for the paths it sees).
+    path, _, query = target.partition("#")[0].partition("?")
+    stripped = path.strip("/")
+    parts = stripped.split("/") if stripped else []
+    if "%" in stripped:
+        parts = [unquote(part) for part in parts]
     lower = method.lower()
     if len(parts) >= 2 and parts[0] == "api":
         group, version, rest = "", parts[1], parts[2:]
@@ -72,8 +76,7 @@ def parse_api_request(method: str, target: str) -> ApiRequest:
     resource = rest[0]
     name = rest[1] if len(rest) >= 2 else ""
     subresource = rest[2] if len(rest) >= 3 else ""
-    query = parse_qs(split.query)
-    watching = watch_prefix or query.get("watch", [""])[0].lower() in ("1", "true")
+    watching = watch_prefix or _watch_parameter(query)
     if method == "GET" or method == "HEAD":
         verb = "watch" if watching else ("get" if name else "list")
     elif method == "DELETE":
@@ -91,3 +94,16 @@ def parse_api_request(method: str, target: str) -> ApiRequest:
         subresource=subresource,
         name=name,
     )
+
+
+def _watch_parameter(query: str) -> bool:
+    """Whether the query's first non-empty ``watch`` value is 1 or true (as parse_qs reads it)."""
+    if "watch" not in query and "%" not in query:
+        return False
+    for item in query.split("&"):
+        name, _, value = item.partition("=")
+        if "%" in name or "+" in name:
+            name = unquote_plus(name)
+        if name == "watch" and value:
+            return unquote_plus(value).lower() in ("1", "true")
+    return False
