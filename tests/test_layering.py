@@ -31,7 +31,15 @@ ALLOWED: dict[str, tuple[set[str], set[str]]] = {
     "tunnel_mux": ({"protocol"}, {"aiohttp", "prometheus_client"}),
     "tunnel_agent": (
         {"protocol", "tunnel_cli", "tunnel_commands", "tunnel_kube", "tunnel_mux", "tunnel_pki"},
-        {"aiohttp", "yarl", "kubernetes_asyncio", "prometheus_client", "yaml", "cryptography"},
+        {
+            "aiohttp",
+            "yarl",
+            "kubernetes_asyncio",
+            "prometheus_client",
+            "yaml",
+            "cryptography",
+            "httptools",
+        },
     ),
     "tunnel_server": (
         {"protocol", "tunnel_cli", "tunnel_commands", "tunnel_kube", "tunnel_mux", "tunnel_pki"},

@@ -293,6 +293,7 @@ async def run_agent(settings: AgentSettings) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         if health is not None:
             await health.cleanup()
+        await proxy.close()
         await kube.close()
 
 

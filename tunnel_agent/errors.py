@@ -4,6 +4,9 @@
     └── AgentError
         ├── AgentConfigError           flags or files that cannot be used
         ├── CredentialsError           the credential store failed
+        ├── UpstreamError              a relayed request to the API server failed
+        │   ├── UpstreamConnectError   (tunnel_agent.upstream) cannot connect
+        │   └── UpstreamRequestError   (tunnel_agent.upstream) bad request or answer
         ├── AgentStoppedError          the agent must stop: retrying cannot help
         │   ├── BootstrapRefusedError  the server refused the bootstrap token
         │   └── AgentRejectedError     the server refused the certificate (revoked ...)

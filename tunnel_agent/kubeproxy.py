@@ -7,6 +7,10 @@ no other target is possible). The answer flows back as it comes: the head
 (docs/protocol.md, "HTTP streams"), then the body chunk by chunk, so watches
 and ``logs -f`` stream. After a 101 (exec, attach, port-forward) the bytes of
 the upgraded connection are relayed unchanged both ways, half-close included.
+
+Plain requests go through the agent's own HTTP/1.1 client
+(:mod:`tunnel_agent.upstream`); upgrades and HEAD requests (whose answers
+llhttp cannot tell have no body) go through aiohttp's client.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from tunnel_mux.upgraded import UpgradedReader
 
 from .kubeapi import KubeApi
 from .policy import ProxyPolicy
+from .upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamRequestError
 
 __all__ = ["KubeProxy"]
 
@@ -47,6 +52,8 @@ _DROPPED_REQUEST = frozenset(
         "trailer",
         "transfer-encoding",
         "upgrade",
+        # The server already answered the caller's Expect; the body streams as it comes.
+        "expect",
     }
 )
 _DROPPED_RESPONSE = frozenset({"connection", "keep-alive", "transfer-encoding", "trailer"})
@@ -61,6 +68,13 @@ class KubeProxy:
         #: For metrics: requests by (verb, status), refusals by the policy.
         self.requests: Counter[tuple[str, int]] = Counter()
         self.refusals = 0
+        self._pool: UpstreamPool | None = None
+
+    async def close(self) -> None:
+        """Close the connections to the API server kept for plain requests."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
 
     async def handle(self, stream: MuxStream) -> None:
         try:
@@ -82,11 +96,14 @@ class KubeProxy:
             headers.append(("connection", "Upgrade"))
             upgrade = next((v for n, v in head.headers if n == "upgrade"), "")
             headers.append(("upgrade", upgrade))
+        if not head.upgrade and head.method != "HEAD":
+            await self._request(stream, head, headers)
+            return
         try:
             if head.upgrade:
                 await self._upgrade(stream, head, headers)
             else:
-                await self._request(stream, head, headers)
+                await self._request_aiohttp(stream, head, headers)
         except (aiohttp.ClientError, OSError) as exc:
             logger.warning("cannot reach the API server: %s", exc)
             await _answer_status(
@@ -94,6 +111,47 @@ class KubeProxy:
             )
 
     async def _request(
+        self, stream: MuxStream, head: RequestHead, headers: list[tuple[str, str]]
+    ) -> None:
+        """Relay a plain request through the agent's own client."""
+        try:
+            if self._pool is None:
+                self._pool = UpstreamPool(self.api.base_url, self.api.ssl_context)
+            response = await self._pool.request(
+                head.method, head.path, headers, None if stream.at_eof else stream.read
+            )
+        except UpstreamRequestError as exc:
+            logger.info("cannot relay %s %s: %s", head.method, head.path[:200], exc)
+            await _answer_status(stream, 400, "BadRequest", f"the agent cannot relay this: {exc}")
+            return
+        except UpstreamError as exc:
+            logger.warning("cannot relay %s %s: %s", head.method, head.path[:200], exc)
+            what = "reach" if isinstance(exc, UpstreamConnectError) else "relay the answer of"
+            await _answer_status(
+                stream, 502, "BadGateway", f"the agent cannot {what} the API server: {exc}"
+            )
+            return
+        with response:
+            self.requests[(head.method.lower(), response.status)] += 1
+            kept = [
+                (name, value) for name, value in response.headers if name not in _DROPPED_RESPONSE
+            ]
+            # The first body bytes, if they came with the head, share its frame.
+            await stream.write(
+                encode_response_head(response.status, response.reason, kept)
+                + response.read_nowait()
+            )
+            try:
+                while chunk := await response.read():
+                    await stream.write(chunk)
+            except UpstreamError as exc:
+                # The head is gone: a reset is how the caller learns of the break.
+                logger.warning("the API server's answer broke off: %s", exc)
+                stream.reset(ErrorCode.CANCEL, "the API server's answer broke off")
+                return
+        stream.end()
+
+    async def _request_aiohttp(
         self, stream: MuxStream, head: RequestHead, headers: list[tuple[str, str]]
     ) -> None:
         has_body = not stream.at_eof

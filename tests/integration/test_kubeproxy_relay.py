@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ class Tunnel:
     upstream: Upstream
     token: str
     http: aiohttp.ClientSession
+    proxy: KubeProxy
 
     @property
     def base(self) -> str:
@@ -74,13 +77,16 @@ async def tunnel(server: RunningServer, tmp_path: Path) -> AsyncIterator[Tunnel]
     assert status == 200
     async with running_upstream() as upstream:
         api = agent_kube_api(upstream)
+        proxy = KubeProxy(api, ProxyPolicy())
         router = StreamRouter()
-        router.add(kinds.STREAM_HTTP, KubeProxy(api, ProxyPolicy()).handle)
+        router.add(kinds.STREAM_HTTP, proxy.handle)
         settings = agent_settings(server, "prod-eu", bootstrap, tmp_path / "creds")
         async with running_agent(settings, on_stream=router) as agent:
             await agent.wait_connected()
             async with aiohttp.ClientSession() as http:
-                yield Tunnel(server, agent, upstream, answer["token"], http)
+                yield Tunnel(server, agent, upstream, answer["token"], http, proxy)
+        await proxy.close()
+        await proxy.api.close()
         await api.close()
 
 
@@ -300,3 +306,87 @@ async def test_a_caller_that_leaves_a_watch_closes_it_upstream_at_once(tunnel: T
     await until(lambda: agent_session.streams == 0, max_turns=10**7)
     [upstream_connection] = tunnel.upstream.stream_transports
     await until(upstream_connection.is_closing, max_turns=10**7)
+
+
+async def test_request_body_without_length_is_relayed_intact(tunnel: Tunnel) -> None:
+    """A caller's chunked body reaches the API server whole (the agent sends it chunked)."""
+    parts = [b"first,", b"second," * 20_000, b"third"]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part
+
+    status, body = await tunnel.call("POST", "/api/v1/namespaces/default/configmaps", data=chunks())
+    assert status == 200
+    assert body["body"] == b"".join(parts).decode()
+    _, _, headers = tunnel.upstream.requests[-1]
+    assert headers["Transfer-Encoding"] == "chunked"
+
+
+async def test_large_request_body_with_length_is_relayed_intact(tunnel: Tunnel) -> None:
+    payload = bytes(range(32, 127)) * 10_000  # 950 kB: under the upstream's 1 MiB limit
+    status, body = await tunnel.call(
+        "PUT", "/api/v1/namespaces/default/configmaps/c", data=io.BytesIO(payload)
+    )
+    assert status == 200
+    assert body["body"] == payload.decode()
+    _, _, headers = tunnel.upstream.requests[-1]
+    assert headers["Content-Length"] == str(len(payload))
+
+
+async def test_head_request_is_answered_with_the_head_only(tunnel: Tunnel) -> None:
+    async with tunnel.http.head(
+        tunnel.base + "/api/v1/namespaces/default/pods/p",
+        headers={"Authorization": f"Bearer {tunnel.token}"},
+        ssl=client_context(tunnel.server.ca_pem),
+    ) as response:
+        assert response.status == 200
+        assert response.headers["X-Upstream"] == "yes"
+        assert await response.read() == b""
+    assert tunnel.upstream.requests[-1][:2] == ("HEAD", "/api/v1/namespaces/default/pods/p")
+
+
+async def test_unreachable_api_server_answers_502_with_a_status(tunnel: Tunnel) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    configuration = kube_client.Configuration(host=f"http://127.0.0.1:{closed_port}")
+    await tunnel.proxy.close()  # its next request connects anew, to the new address
+    tunnel.proxy.api = KubeApi(configuration)
+    status, body = await tunnel.call("GET", "/api/v1/pods")
+    assert status == 502
+    assert body["kind"] == "Status"
+    assert body["reason"] == "BadGateway"
+    assert (
+        f"cannot reach the API server: cannot connect to the API server at http://127.0.0.1:{closed_port}"
+        in body["message"]
+    )
+
+
+async def test_an_answer_the_api_server_breaks_off_breaks_the_callers_response(
+    tunnel: Tunnel,
+) -> None:
+    async with tunnel.http.get(
+        tunnel.base + "/api/v1/stream",
+        headers={"Authorization": f"Bearer {tunnel.token}"},
+        ssl=client_context(tunnel.server.ca_pem),
+    ) as response:
+        await tunnel.upstream.stream_started.wait()
+        await tunnel.upstream.stream_lines.put(b'{"type":"ADDED"}\n')
+        assert await response.content.readline() == b'{"type":"ADDED"}\n'
+        # The API server's connection drops mid-answer, without the last chunk.
+        [upstream_connection] = tunnel.upstream.stream_transports
+        assert isinstance(upstream_connection, asyncio.Transport)
+        upstream_connection.abort()
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.content.read()
+
+
+async def test_an_early_answer_to_a_body_still_coming_is_relayed(tunnel: Tunnel) -> None:
+    """The upstream refuses a body over 1 MiB before reading it all: its 413 comes through."""
+    payload = b"x" * (4 * 1024 * 1024)
+    status, body = await tunnel.call(
+        "PUT", "/api/v1/namespaces/default/configmaps/c", data=io.BytesIO(payload)
+    )
+    assert status == 413
+    assert "Maximum request body size" in str(body)
