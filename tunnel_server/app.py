@@ -31,6 +31,7 @@ from .errors import (
     TooManyRequestsError,
     UnavailableError,
 )
+from .frontdoor import FrontDoor, FrontDoors
 from .kubeproxy import setup_kube_proxy
 from .listener import BoundedTlsListener
 from .metrics import ServerMetrics
@@ -45,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LISTENER: web.AppKey[BoundedTlsListener] = web.AppKey("listener", BoundedTlsListener)
+FRONT_DOORS: web.AppKey[FrontDoors] = web.AppKey("front_doors", FrontDoors)
 
 
 def create_app(settings: ServerSettings, identity: ServerIdentity) -> web.Application:
@@ -171,9 +173,14 @@ async def start_server(settings: ServerSettings) -> tuple[web.AppRunner, int]:
         handler_cancellation=True,
     )
 
-    def connection() -> asyncio.Protocol:
+    def aiohttp_connection() -> asyncio.Protocol:
         assert runner.server is not None
         return runner.server()
+
+    doors = FrontDoors()
+
+    def connection() -> asyncio.Protocol:
+        return FrontDoor(app, aiohttp_connection, doors)
 
     listener = BoundedTlsListener(
         connection,
@@ -183,6 +190,7 @@ async def start_server(settings: ServerSettings) -> tuple[web.AppRunner, int]:
         limit=settings.tunnel.max_tls_handshakes,
     )
     app[LISTENER] = listener  # before setup: a started app's state is frozen
+    app[FRONT_DOORS] = doors
     await runner.setup()
     try:
         port = await listener.start()
@@ -210,6 +218,7 @@ async def stop_server(runner: web.AppRunner) -> None:
     context = runner.app[CONTEXT]
     await runner.app[LISTENER].stop()  # no new connections meanwhile
     await context.registry.close(context.settings.tunnel.shutdown_grace)
+    await runner.app[FRONT_DOORS].close()
     await runner.cleanup()
 
 

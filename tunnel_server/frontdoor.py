@@ -1,0 +1,471 @@
+"""The lean front end: plain kubectl requests served without aiohttp.
+
+Every caller connection starts here. Requests to ``/k8s/clusters/{cluster}/...``
+that are plain HTTP/1.1 (no upgrade, no chunked request body, no ``Expect``)
+are parsed and relayed by this protocol: one task per request, the head
+parsed in place, the body streamed both ways with back-pressure on each side
+(the caller's socket pauses the agent's stream through its credit; a full
+stream pauses the caller's socket). Anything else, at a request boundary,
+is handed to aiohttp with the bytes read so far, and the connection is
+aiohttp's from then on: the agent socket, the REST API, upgrades (exec,
+attach, port-forward).
+
+Why: aiohttp's server costs more per request than the whole tunnel on the
+request path (docs/benchmarks.md, "Kubernetes API proxy").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import cast
+
+from aiohttp import web
+
+from protocol.errors import MalformedFrameError
+from protocol.http import ResponseHead, ResponseHeadParser
+from tunnel_mux import MuxStream, SessionError
+
+from .context import CONTEXT
+from .http1 import (
+    LAST_CHUNK,
+    MAX_HEAD,
+    BadRequest,
+    CallerRequest,
+    chunk,
+    parse_request_head,
+    response_head,
+)
+from .proxyrequest import (
+    ProxyExchange,
+    ProxyRefusal,
+    cluster_of,
+    finish,
+    kube_status_body,
+    open_relay,
+)
+
+__all__ = ["KEEPALIVE_TIMEOUT", "FrontDoor", "FrontDoors"]
+
+logger = logging.getLogger(__name__)
+
+#: An idle caller connection (or one slow to send its head) is closed after this.
+KEEPALIVE_TIMEOUT = 75.0
+#: Request body bytes held for the agent before the caller's socket is paused.
+BODY_HIGH_WATER = 256 * 1024
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_DROPPED_RESPONSE = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding"}
+)
+
+
+class FrontDoors:
+    """The open front-door connections, closed together at shutdown."""
+
+    def __init__(self) -> None:
+        self.open: set[FrontDoor] = set()
+
+    async def close(self) -> None:
+        """Close every connection and wait for their requests to end."""
+        tasks = [door.close() for door in list(self.open)]
+        pending = [task for task in tasks if task is not None]
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+class FrontDoor(asyncio.Protocol):
+    """One caller connection, until it is handed to aiohttp (if ever)."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        aiohttp_protocol: Callable[[], asyncio.Protocol],
+        doors: FrontDoors,
+        *,
+        keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+    ) -> None:
+        self._app = app
+        self._aiohttp_protocol = aiohttp_protocol
+        self._doors = doors
+        self._keepalive_timeout = keepalive_timeout
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._task: asyncio.Task[None] | None = None
+        self._body: _RequestBody | None = None
+        self._reading_paused = False
+        self._writing_paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._keep_alive = True
+        self._lost = False
+
+    # ------------------------------------------------------------ asyncio
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A cast, not an isinstance check: uvloop's transports are not
+        # subclasses of asyncio.Transport.
+        self._transport = cast(asyncio.Transport, transport)
+        self._doors.open.add(self)
+        self._arm_idle_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._doors.open.discard(self)
+        self._cancel_idle_timer()
+        if self._body is not None:
+            self._body.fail()
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_exception(ConnectionResetError("the caller went away"))
+        if self._task is not None:
+            # The caller left: end the relayed request too (a watch upstream
+            # closes now, not at its next event).
+            self._task.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        if self._body is not None and not self._body.complete:
+            data = self._body.feed(data)
+            if not data:
+                return
+        self._buffer += data
+        if self._task is None:
+            self._next_request()
+        elif len(self._buffer) > MAX_HEAD:
+            self._pause_reading()  # pipelined requests wait their turn, bounded
+
+    def eof_received(self) -> bool | None:
+        if self._task is None:
+            return None  # nothing in progress: let the transport close
+        return True  # a request in progress still gets its answer (plain TCP only)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
+
+    # ------------------------------------------------------------- public
+
+    def close(self) -> asyncio.Task[None] | None:
+        """Close the connection; returns the request task still ending, if any."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+        return self._task
+
+    # ----------------------------------------------------------- requests
+
+    def _next_request(self) -> None:
+        assert self._transport is not None
+        if self._lost or self._transport.is_closing():
+            return
+        end = self._buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._buffer) > MAX_HEAD:
+                self._answer_bad_request(BadRequest("the request head is too large", status=431))
+            return
+        try:
+            request = parse_request_head(memoryview(self._buffer)[:end])
+        except BadRequest as exc:
+            self._answer_bad_request(exc)
+            return
+        cluster = cluster_of(request.target)
+        if (
+            cluster is None
+            or request.upgrade is not None
+            or request.chunked
+            or request.expect
+            or request.minor_version != 1
+            or request.method not in _METHODS
+        ):
+            self._hand_over()
+            return
+        self._cancel_idle_timer()
+        rest = bytes(memoryview(self._buffer)[end + 4 :])
+        self._buffer.clear()
+        body: _RequestBody | None = None
+        if request.content_length:
+            body = self._body = _RequestBody(
+                request.content_length, self._pause_reading, self._resume_reading
+            )
+            rest = body.feed(rest)
+        self._buffer += rest
+        self._keep_alive = request.keep_alive
+        self._task = self._loop.create_task(self._serve(request, cluster, body))
+        self._task.add_done_callback(self._request_done)
+
+    def _request_done(self, task: asyncio.Task[None]) -> None:
+        self._task = None
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("proxied request failed", exc_info=task.exception())
+            self._keep_alive = False
+        body, self._body = self._body, None
+        if body is not None and not body.complete:
+            self._keep_alive = False  # the rest of its body is still on the wire
+        if self._lost or self._transport is None:
+            return
+        if not self._keep_alive:
+            self.close()
+            return
+        self._arm_idle_timer()
+        self._resume_reading()
+        if self._buffer:
+            self._next_request()
+
+    async def _serve(self, request: CallerRequest, cluster: str, body: _RequestBody | None) -> None:
+        context = self._app[CONTEXT]
+        exchange = ProxyExchange(cluster=cluster, method=request.method)
+        stream: MuxStream | None = None
+        uploader: asyncio.Task[None] | None = None
+        head_sent = False
+        try:
+            stream = await open_relay(
+                context,
+                exchange,
+                request.target,
+                request.headers,
+                upgrade=None,
+                has_body=body is not None,
+            )
+            if body is not None:
+                uploader = self._loop.create_task(_upload(body, stream, exchange))
+            head = await _response_head(stream, exchange)
+            head_sent = True
+            await self._relay_response(request, head, stream, exchange)
+        except ProxyRefusal as refusal:
+            exchange.status = refusal.code
+            if not head_sent:
+                self._answer_status(refusal)
+        except ConnectionError:
+            # The caller went away mid-response: the relayed request ends too.
+            logger.info("the caller left mid-response", extra={"cluster": cluster})
+        finally:
+            if uploader is not None:
+                uploader.cancel()
+                await asyncio.gather(uploader, return_exceptions=True)
+            if stream is not None and stream.error is None and not stream.at_eof:
+                stream.reset()
+            await finish(context, exchange)
+
+    async def _relay_response(
+        self,
+        request: CallerRequest,
+        head: tuple[ResponseHead, bytes],
+        stream: MuxStream,
+        exchange: ProxyExchange,
+    ) -> None:
+        response, early = head
+        status = response.status
+        headers = [(n, v) for n, v in response.headers if n not in _DROPPED_RESPONSE]
+        length: int | None = None
+        for name, value in headers:
+            if name == "content-length":
+                length = int(value) if value.isdigit() and len(value) < 16 else -1
+        if length == -1:
+            raise ProxyRefusal(502, "BadGateway", "the agent's answer has an invalid length")
+        bodyless = request.method == "HEAD" or status in (204, 304)
+        chunked = not bodyless and length is None
+        if chunked:
+            headers.append(("transfer-encoding", "chunked"))
+        if not self._keep_alive:
+            headers.append(("connection", "close"))
+        self._write(response_head(status, response.reason, headers))
+        remaining = 0 if bodyless else length
+        try:
+            data = early
+            while True:
+                if data:
+                    exchange.bytes_out += len(data)
+                    if remaining is None:
+                        self._write(chunk(data))
+                    else:
+                        if len(data) > remaining:
+                            raise SessionError("the agent sent more than its Content-Length")
+                        remaining -= len(data)
+                        self._write(data)
+                    if self._writing_paused:
+                        await self._drain()
+                data = await stream.read()
+                if not data:
+                    break
+        except SessionError as exc:
+            # The agent went away mid-response: end the caller's connection
+            # without the last chunk, so the client sees the break (kubectl
+            # get -w exits with an error; informers list and watch again).
+            logger.info("response cut short: %s", exc, extra={"cluster": exchange.cluster})
+            self._abort()
+            return
+        if remaining:
+            logger.info("the agent's answer ended short of its Content-Length")
+            self._abort()
+        elif chunked:
+            self._write(LAST_CHUNK)
+
+    # ------------------------------------------------------------ helpers
+
+    def _write(self, data: bytes) -> None:
+        assert self._transport is not None
+        if self._lost:
+            raise ConnectionResetError("the caller went away")
+        self._transport.write(data)
+
+    async def _drain(self) -> None:
+        if self._lost:
+            raise ConnectionResetError("the caller went away")
+        waiter = self._drain_waiter = self._loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._drain_waiter = None
+
+    def _abort(self) -> None:
+        self._keep_alive = False
+        if self._transport is not None:
+            self._transport.close()
+
+    def _answer_status(self, refusal: ProxyRefusal) -> None:
+        body = kube_status_body(refusal.code, refusal.reason, refusal.message)
+        headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
+        if refusal.code == 503:
+            headers.append(("retry-after", "1"))
+        if not self._keep_alive:
+            headers.append(("connection", "close"))
+        with contextlib.suppress(ConnectionError):
+            self._write(response_head(refusal.code, "", headers) + body)
+
+    def _answer_bad_request(self, error: BadRequest) -> None:
+        """A malformed head: answer, and close (the byte stream cannot be trusted)."""
+        assert self._transport is not None
+        body = f"{error.message}\n".encode()
+        headers = [
+            ("content-type", "text/plain; charset=utf-8"),
+            ("content-length", str(len(body))),
+            ("connection", "close"),
+        ]
+        self._transport.write(response_head(error.status, "", headers) + body)
+        self._buffer.clear()
+        self.close()
+
+    def _hand_over(self) -> None:
+        """Give the connection, and what was read of it, to aiohttp."""
+        transport = self._transport
+        assert transport is not None
+        self._cancel_idle_timer()
+        self._doors.open.discard(self)
+        protocol = self._aiohttp_protocol()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        data, self._buffer = bytes(self._buffer), bytearray()
+        protocol.data_received(data)
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self._transport is not None:
+            self._reading_paused = True
+            self._transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._reading_paused and self._transport is not None:
+            self._reading_paused = False
+            self._transport.resume_reading()
+
+    def _arm_idle_timer(self) -> None:
+        self._cancel_idle_timer()
+        self._idle_timer = self._loop.call_later(self._keepalive_timeout, self.close)
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+
+class _RequestBody:
+    """The body of the request in progress, on its way to the agent, bounded."""
+
+    def __init__(self, length: int, pause: Callable[[], None], resume: Callable[[], None]) -> None:
+        self.remaining = length
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._pause = pause
+        self._resume = resume
+        self._more = asyncio.Event()
+        self._failed = False
+
+    @property
+    def complete(self) -> bool:
+        """Every byte of the body was received from the caller."""
+        return self.remaining == 0
+
+    def feed(self, data: bytes) -> bytes:
+        """Take the body's part of ``data``; return what follows it."""
+        if not data or self.remaining == 0:
+            return data
+        taken = data[: self.remaining]
+        self.remaining -= len(taken)
+        self._chunks.append(taken)
+        self._size += len(taken)
+        self._more.set()
+        if self._size > BODY_HIGH_WATER and self.remaining:
+            self._pause()
+        return data[len(taken) :]
+
+    def fail(self) -> None:
+        self._failed = True
+        self._more.set()
+
+    async def read(self) -> bytes:
+        """The next part of the body, b"" at its end; ConnectionError if the caller left."""
+        while not self._chunks:
+            if self._failed:
+                raise ConnectionResetError("the caller went away")
+            if self.remaining == 0:
+                return b""
+            self._more.clear()
+            await self._more.wait()
+        data = self._chunks.popleft()
+        self._size -= len(data)
+        if self._size <= BODY_HIGH_WATER // 2 and self.remaining:
+            self._resume()
+        return data
+
+
+async def _response_head(stream: MuxStream, exchange: ProxyExchange) -> tuple[ResponseHead, bytes]:
+    """The agent's response head, and the body bytes that came with it."""
+    parser = ResponseHeadParser()
+    while True:
+        try:
+            data = await stream.read()
+        except SessionError as exc:
+            raise ProxyRefusal(
+                502, "BadGateway", f"cluster {exchange.cluster} dropped the request: {exc}"
+            ) from exc
+        if not data:
+            raise ProxyRefusal(502, "BadGateway", "the agent ended the stream without answering")
+        try:
+            early = parser.feed(data)
+        except MalformedFrameError as exc:
+            raise ProxyRefusal(502, "BadGateway", f"the agent's answer is invalid: {exc}") from exc
+        if parser.head is not None:
+            if parser.head.status < 200:
+                raise ProxyRefusal(502, "BadGateway", "the agent answered a plain request with 1xx")
+            exchange.status = parser.head.status
+            return parser.head, early
+
+
+async def _upload(body: _RequestBody, stream: MuxStream, exchange: ProxyExchange) -> None:
+    """Stream the caller's request body to the agent."""
+    try:
+        while data := await body.read():
+            exchange.bytes_in += len(data)
+            await stream.write(data)
+        stream.end()
+    except SessionError:
+        pass  # the response side reports it
+    except ConnectionError:
+        stream.reset()

@@ -1,0 +1,161 @@
+"""HTTP/1.1 as the lean front end speaks it to callers: request heads in, response heads out.
+
+Sans-I/O: :func:`parse_request_head` takes the bytes of one head (without the
+blank line that ends it) and returns a :class:`CallerRequest` or raises
+:class:`BadRequest`; :func:`response_head` encodes an answer's head. Checks are
+strict (RFC 9112): one space between the parts of the request line, token
+header names, no control characters in values, no obsolete line folding, one
+consistent Content-Length and never together with Transfer-Encoding. Those
+are what request smuggling and header injection rely on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .errors import ServerError
+
+__all__ = [
+    "MAX_HEAD",
+    "BadRequest",
+    "CallerRequest",
+    "chunk",
+    "parse_request_head",
+    "response_head",
+]
+
+#: Bounds of a caller's request head: its size and its number of header lines.
+MAX_HEAD = 64 * 1024
+MAX_HEADER_LINES = 128
+#: The end of a chunked body.
+LAST_CHUNK = b"0\r\n\r\n"
+
+_REQUEST_LINE = re.compile(r"([A-Z]{1,16}) ([\x21-\x7e]{1,8192}) HTTP/1\.([01])")
+_HEADER_LINE = re.compile(
+    r"([!#$%&'*+\-.^_`|~0-9A-Za-z]{1,256}):[ \t]*([\t\x20-\x7e\x80-\xff]*?)[ \t]*"
+)
+_REASON = re.compile(r"[\t\x20-\x7e]{1,128}")
+_DIGITS = re.compile(r"[0-9]{1,15}")
+_REASONS = {
+    200: "OK",
+    201: "Created",
+    202: "Accepted",
+    204: "No Content",
+    304: "Not Modified",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    409: "Conflict",
+    422: "Unprocessable Entity",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+
+
+class BadRequest(ServerError):
+    """The caller's request head is malformed: answer ``status`` and close."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+@dataclass(slots=True)
+class CallerRequest:
+    """A parsed request head. Header names are in lower case, in order."""
+
+    method: str
+    target: str
+    minor_version: int
+    headers: list[tuple[str, str]]
+    content_length: int | None
+    #: Transfer-Encoding was sent (the front end leaves such bodies to aiohttp).
+    chunked: bool
+    keep_alive: bool
+    #: The protocol an upgrade request asks for (Connection: upgrade + Upgrade).
+    upgrade: str | None
+    #: An Expect header was sent.
+    expect: bool
+
+
+def parse_request_head(head: bytes | bytearray | memoryview) -> CallerRequest:
+    """Parse one request head, given without its final empty line."""
+    if len(head) > MAX_HEAD:
+        raise BadRequest("the request head is too large", status=431)
+    lines = bytes(head).decode("latin-1").split("\r\n")
+    if len(lines) > MAX_HEADER_LINES + 1:
+        raise BadRequest(f"more than {MAX_HEADER_LINES} header lines", status=431)
+    match = _REQUEST_LINE.fullmatch(lines[0])
+    if match is None:
+        raise BadRequest("malformed request line")
+    method, target, minor = match.groups()
+    headers: list[tuple[str, str]] = []
+    content_length: int | None = None
+    chunked = False
+    connection = ""
+    upgrade: str | None = None
+    expect = False
+    for line in lines[1:]:
+        field = _HEADER_LINE.fullmatch(line)
+        if field is None:
+            raise BadRequest("malformed header line")
+        name = field.group(1).lower()
+        value = field.group(2)
+        headers.append((name, value))
+        if name == "content-length":
+            if _DIGITS.fullmatch(value) is None:
+                raise BadRequest("Content-Length must be a decimal number")
+            length = int(value)
+            if content_length is not None and content_length != length:
+                raise BadRequest("conflicting Content-Length headers")
+            content_length = length
+        elif name == "transfer-encoding":
+            chunked = True
+        elif name == "connection":
+            connection = f"{connection},{value.lower()}" if connection else value.lower()
+        elif name == "upgrade":
+            upgrade = value
+        elif name == "expect":
+            expect = True
+    if chunked and content_length is not None:
+        raise BadRequest("Content-Length and Transfer-Encoding must not come together")
+    tokens = {token.strip() for token in connection.split(",")} if connection else set()
+    keep_alive = "close" not in tokens if minor == "1" else "keep-alive" in tokens
+    return CallerRequest(
+        method=method,
+        target=target,
+        minor_version=int(minor),
+        headers=headers,
+        content_length=content_length,
+        chunked=chunked,
+        keep_alive=keep_alive,
+        upgrade=upgrade if upgrade and "upgrade" in tokens else None,
+        expect=expect,
+    )
+
+
+def response_head(status: int, reason: str, headers: Iterable[tuple[str, str]]) -> bytes:
+    """An HTTP/1.1 response head, blank line included.
+
+    ``headers`` come from the agent, already validated (token names, no CR,
+    LF or NUL in values: :mod:`protocol.http`); an unsafe reason is replaced.
+    """
+    if not reason or _REASON.fullmatch(reason) is None:
+        reason = _REASONS.get(status, "Unknown")
+    parts = [f"HTTP/1.1 {status} {reason}"]
+    parts.extend(f"{name}: {value}" for name, value in headers)
+    parts.append("\r\n")
+    return "\r\n".join(parts).encode("latin-1", "replace")
+
+
+def chunk(data: bytes) -> bytes:
+    """One chunk of a chunked body."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
