@@ -21,6 +21,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import cast
 
 from aiohttp import web
@@ -137,9 +138,10 @@ class FrontDoor(asyncio.Protocol):
             self._pause_reading()  # pipelined requests wait their turn, bounded
 
     def eof_received(self) -> bool | None:
-        if self._task is None:
-            return None  # nothing in progress: let the transport close
-        return True  # a request in progress still gets its answer (plain TCP only)
+        assert self._transport is not None
+        if self._task is None or self._transport.get_extra_info("sslcontext") is not None:
+            return None  # nothing in progress, or TLS (no half-close): let it close
+        return True  # a request in progress still gets its answer
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -169,7 +171,7 @@ class FrontDoor(asyncio.Protocol):
                 self._answer_bad_request(BadRequest("the request head is too large", status=431))
             return
         try:
-            request = parse_request_head(memoryview(self._buffer)[:end])
+            request = parse_request_head(bytes(self._buffer[:end]))
         except BadRequest as exc:
             self._answer_bad_request(exc)
             return
@@ -233,9 +235,10 @@ class FrontDoor(asyncio.Protocol):
             )
             if body is not None:
                 uploader = self._loop.create_task(_upload(body, stream, exchange))
-            head = await _response_head(stream, exchange)
+            response, early = await _response_head(stream, exchange)
+            framing = _framing(request, response)
             head_sent = True
-            await self._relay_response(request, head, stream, exchange)
+            await self._relay_response(response, framing, early, stream, exchange)
         except ProxyRefusal as refusal:
             exchange.status = refusal.code
             if not head_sent:
@@ -253,28 +256,18 @@ class FrontDoor(asyncio.Protocol):
 
     async def _relay_response(
         self,
-        request: CallerRequest,
-        head: tuple[ResponseHead, bytes],
+        response: ResponseHead,
+        framing: _Framing,
+        early: bytes,
         stream: MuxStream,
         exchange: ProxyExchange,
     ) -> None:
-        response, early = head
-        status = response.status
-        headers = [(n, v) for n, v in response.headers if n not in _DROPPED_RESPONSE]
-        length: int | None = None
-        for name, value in headers:
-            if name == "content-length":
-                length = int(value) if value.isdigit() and len(value) < 16 else -1
-        if length == -1:
-            raise ProxyRefusal(502, "BadGateway", "the agent's answer has an invalid length")
-        bodyless = request.method == "HEAD" or status in (204, 304)
-        chunked = not bodyless and length is None
-        if chunked:
-            headers.append(("transfer-encoding", "chunked"))
+        headers = framing.headers
         if not self._keep_alive:
             headers.append(("connection", "close"))
-        self._write(response_head(status, response.reason, headers))
-        remaining = 0 if bodyless else length
+        self._write(response_head(response.status, response.reason, headers))
+        remaining = framing.length
+        chunked = remaining is None
         try:
             data = early
             while True:
@@ -328,6 +321,8 @@ class FrontDoor(asyncio.Protocol):
             self._transport.close()
 
     def _answer_status(self, refusal: ProxyRefusal) -> None:
+        if self._body is not None and not self._body.complete:
+            self._keep_alive = False  # the rest of the body is still on its way
         body = kube_status_body(refusal.code, refusal.reason, refusal.message)
         headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
         if refusal.code == 503:
@@ -347,7 +342,7 @@ class FrontDoor(asyncio.Protocol):
             ("connection", "close"),
         ]
         self._transport.write(response_head(error.status, "", headers) + body)
-        self._buffer.clear()
+        self._buffer = bytearray()
         self.close()
 
     def _hand_over(self) -> None:
@@ -433,6 +428,35 @@ class _RequestBody:
         if self._size <= BODY_HIGH_WATER // 2 and self.remaining:
             self._resume()
         return data
+
+
+@dataclass(slots=True)
+class _Framing:
+    """How an answer's body goes to the caller."""
+
+    headers: list[tuple[str, str]]
+    #: Bytes of body to pass on as they are; None: chunked, to the end of the stream.
+    length: int | None
+
+
+def _framing(request: CallerRequest, response: ResponseHead) -> _Framing:
+    """The caller's headers and body framing for the agent's answer, or 502."""
+    headers = [(n, v) for n, v in response.headers if n not in _DROPPED_RESPONSE]
+    length: int | None = None
+    for name, value in headers:
+        if name == "content-length":
+            if (
+                not value.isdigit()
+                or len(value) > 15
+                or (length is not None and int(value) != length)
+            ):
+                raise ProxyRefusal(502, "BadGateway", "the agent's answer has an invalid length")
+            length = int(value)
+    if request.method == "HEAD" or response.status in (204, 304):
+        return _Framing(headers, 0)
+    if length is None:
+        headers.append(("transfer-encoding", "chunked"))
+    return _Framing(headers, length)
 
 
 async def _response_head(stream: MuxStream, exchange: ProxyExchange) -> tuple[ResponseHead, bytes]:

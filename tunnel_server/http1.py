@@ -128,7 +128,8 @@ def parse_request_head(head: bytes | bytearray | memoryview) -> CallerRequest:
     if chunked and content_length is not None:
         raise BadRequest("Content-Length and Transfer-Encoding must not come together")
     tokens = {token.strip() for token in connection.split(",")} if connection else set()
-    keep_alive = "close" not in tokens if minor == "1" else "keep-alive" in tokens
+    # close always wins (RFC 9112, 9.3); HTTP/1.0 keeps alive only when asked.
+    keep_alive = "close" not in tokens and (minor == "1" or "keep-alive" in tokens)
     return CallerRequest(
         method=method,
         target=target,
