@@ -25,6 +25,13 @@ class _TtlCache(Generic[V]):
         self._max = max_entries
         self._entries: dict[Hashable, tuple[float, V]] = {}
 
+    def peek(self, key: Hashable) -> tuple[bool, V | None]:
+        """(True, value) for a live entry, else (False, None); never waits."""
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] > time.monotonic():
+            return True, entry[1]
+        return False, None
+
     async def get(self, key: Hashable, load: Callable[[], Awaitable[V]]) -> V:
         now = time.monotonic()
         entry = self._entries.get(key)
@@ -50,9 +57,17 @@ class AccessCache:
 
     async def user_for_token(self, token: str) -> User | None:
         token_hash = hash_token(token)
+        found, user = self._users.peek(token_hash)
+        if found:
+            return user
         return await self._users.get(token_hash, lambda: self._store.find_user_by_token(token_hash))
 
     async def grant(self, user: str, cluster: str) -> Grant | None:
+        # The cached answer without building a loader: every proxied request asks.
+        found, grant = self._grants.peek((user, cluster))
+        if found:
+            return grant
+
         async def load() -> Grant | None:
             try:
                 return await self._store.get_grant(user, cluster)

@@ -43,7 +43,10 @@ class AuditWriter:
 
     async def record(self, event: AuditEvent) -> None:
         """Queue an event (waits only when the queue is full)."""
-        await self._queue.put(event)
+        try:
+            self._queue.put_nowait(event)  # one per proxied request: no coroutine
+        except asyncio.QueueFull:
+            await self._queue.put(event)
 
     async def flush(self) -> None:
         """Wait until every queued event is written."""
