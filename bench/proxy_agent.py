@@ -51,7 +51,8 @@ async def run(args: argparse.Namespace) -> None:
     configuration.api_key["BearerToken"] = AGENT_TOKEN
     api = KubeApi(configuration)
     router = StreamRouter()
-    router.add(kinds.STREAM_HTTP, KubeProxy(api, ProxyPolicy()).handle)
+    proxy = KubeProxy(api, ProxyPolicy())
+    router.add(kinds.STREAM_HTTP, proxy.handle)
     settings = AgentSettings(
         server_url=args.server,
         ca_pem=args.ca_pem,
@@ -75,6 +76,7 @@ async def run(args: argparse.Namespace) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await task
     finally:
+        await proxy.close()
         await api.close()
 
 

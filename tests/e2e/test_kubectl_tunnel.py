@@ -76,7 +76,8 @@ async def tunnel(server: RunningServer, tmp_path: Path) -> AsyncIterator[Tunnel]
         home.mkdir()
         api = KubeApi(await load_kube_configuration(stub.write_kubeconfig(tmp_path / "agent.kc")))
         router = StreamRouter()
-        router.add(kinds.STREAM_HTTP, KubeProxy(api, ProxyPolicy()).handle)
+        proxy = KubeProxy(api, ProxyPolicy())
+        router.add(kinds.STREAM_HTTP, proxy.handle)
         settings = agent_settings(server, "prod-eu", bootstrap, tmp_path / "creds")
         try:
             async with running_agent(settings, on_stream=router) as agent:
@@ -90,6 +91,7 @@ async def tunnel(server: RunningServer, tmp_path: Path) -> AsyncIterator[Tunnel]
                     tmp_path,
                 )
         finally:
+            await proxy.close()
             await api.close()
 
 

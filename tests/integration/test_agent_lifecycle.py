@@ -253,7 +253,8 @@ async def test_graceful_shutdown_lets_an_open_request_finish_and_tells_agents_to
         await server.api("PUT", "/api/v1/grants/alice/prod-eu", {})
         api = agent_kube_api(upstream)
         router = StreamRouter()
-        router.add(kinds.STREAM_HTTP, KubeProxy(api, ProxyPolicy()).handle)
+        proxy = KubeProxy(api, ProxyPolicy())
+        router.add(kinds.STREAM_HTTP, proxy.handle)
         agent_config = agent_settings(server, "prod-eu", token, tmp_path / "creds")
         async with running_agent(agent_config, on_stream=router) as running:
             await running.wait_connected()
@@ -276,6 +277,7 @@ async def test_graceful_shutdown_lets_an_open_request_finish_and_tells_agents_to
                 await upstream.stream_lines.put(None)
                 assert await response.content.read() == b"last line\n"
             await stopping
+        await proxy.close()
         await api.close()
 
 
