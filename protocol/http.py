@@ -31,6 +31,7 @@ __all__ = [
     "MAX_HEADERS",
     "MAX_PATH_LENGTH",
     "MAX_RESPONSE_HEAD",
+    "METHODS",
     "RequestHead",
     "ResponseHead",
     "ResponseHeadParser",
@@ -43,7 +44,8 @@ MAX_HEADERS = 128
 MAX_HEADER_VALUE = 16 * 1024
 MAX_RESPONSE_HEAD = 64 * 1024
 
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+#: The methods an ``http`` stream may carry (what Kubernetes clients send).
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _LENGTH = struct.Struct(">I")
 
 Headers = tuple[tuple[str, str], ...]
@@ -70,7 +72,7 @@ class RequestHead:
     def from_open_headers(cls, value: dict[str, Any]) -> RequestHead:
         """Validate the OPEN header map of an ``http`` stream."""
         method = value.get("method")
-        if method not in _METHODS:
+        if method not in METHODS:
             raise MalformedFrameError(f"unsupported HTTP method {str(method)[:16]!r}")
         path = value.get("path")
         if (

@@ -27,20 +27,22 @@ from typing import cast
 from aiohttp import web
 
 from protocol.errors import MalformedFrameError
-from protocol.http import ResponseHead, ResponseHeadParser
+from protocol.http import METHODS, ResponseHead, ResponseHeadParser
 from tunnel_mux import MuxStream, SessionError
 
 from .context import CONTEXT
 from .http1 import (
     LAST_CHUNK,
     MAX_HEAD,
-    BadRequest,
     CallerRequest,
+    MalformedRequestError,
     chunk,
+    parse_content_length,
     parse_request_head,
     response_head,
 )
 from .proxyrequest import (
+    DROPPED_RESPONSE_HEADERS,
     ProxyExchange,
     ProxyRefusal,
     cluster_of,
@@ -57,11 +59,10 @@ logger = logging.getLogger(__name__)
 KEEPALIVE_TIMEOUT = 75.0
 #: Request body bytes held for the agent before the caller's socket is paused.
 BODY_HIGH_WATER = 256 * 1024
-
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-_DROPPED_RESPONSE = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding"}
-)
+#: After an answer that came before its request's body, how long the rest of
+#: the body is read and dropped before the connection closes (closing with
+#: unread bytes makes the kernel send a reset that can destroy the answer).
+LINGER_SECONDS = 5.0
 
 
 class FrontDoors:
@@ -71,8 +72,12 @@ class FrontDoors:
         self.open: set[FrontDoor] = set()
 
     async def close(self) -> None:
-        """Close every connection and wait for their requests to end."""
-        tasks = [door.close() for door in list(self.open)]
+        """Close every connection and wait for their requests to end.
+
+        Called after the agents' sessions were drained: a request still running
+        waits on a caller that does not read, so its connection is aborted.
+        """
+        tasks = [door.abort() for door in list(self.open)]
         pending = [task for task in tasks if task is not None]
         await asyncio.gather(*pending, return_exceptions=True)
 
@@ -95,6 +100,8 @@ class FrontDoor(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
+        #: How much of the buffer is known to hold no complete head.
+        self._scanned = 0
         self._task: asyncio.Task[None] | None = None
         self._body: _RequestBody | None = None
         self._reading_paused = False
@@ -141,7 +148,8 @@ class FrontDoor(asyncio.Protocol):
         assert self._transport is not None
         if self._task is None or self._transport.get_extra_info("sslcontext") is not None:
             return None  # nothing in progress, or TLS (no half-close): let it close
-        return True  # a request in progress still gets its answer
+        self._keep_alive = False
+        return True  # a request in progress still gets its answer, then the close
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -159,20 +167,31 @@ class FrontDoor(asyncio.Protocol):
             self._transport.close()
         return self._task
 
+    def abort(self) -> asyncio.Task[None] | None:
+        """Close at once, dropping unsent data; returns the request task still ending."""
+        if self._transport is not None:
+            self._transport.abort()
+        return self._task
+
     # ----------------------------------------------------------- requests
 
     def _next_request(self) -> None:
         assert self._transport is not None
         if self._lost or self._transport.is_closing():
             return
-        end = self._buffer.find(b"\r\n\r\n")
+        # Search only what came since the last look (a head sent a byte at a
+        # time must not be scanned from the start each time).
+        end = self._buffer.find(b"\r\n\r\n", max(0, self._scanned - 3))
         if end < 0:
+            self._scanned = len(self._buffer)
             if len(self._buffer) > MAX_HEAD:
-                self._answer_bad_request(BadRequest("the request head is too large", status=431))
+                self._answer_bad_request(
+                    MalformedRequestError("the request head is too large", status=431)
+                )
             return
         try:
             request = parse_request_head(bytes(self._buffer[:end]))
-        except BadRequest as exc:
+        except MalformedRequestError as exc:
             self._answer_bad_request(exc)
             return
         cluster = cluster_of(request.target)
@@ -182,13 +201,14 @@ class FrontDoor(asyncio.Protocol):
             or request.chunked
             or request.expect
             or request.minor_version != 1
-            or request.method not in _METHODS
+            or request.method not in METHODS
         ):
             self._hand_over()
             return
         self._cancel_idle_timer()
         rest = bytes(memoryview(self._buffer)[end + 4 :])
         self._buffer.clear()
+        self._scanned = 0
         body: _RequestBody | None = None
         if request.content_length:
             body = self._body = _RequestBody(
@@ -205,11 +225,18 @@ class FrontDoor(asyncio.Protocol):
         if not task.cancelled() and task.exception() is not None:
             logger.error("proxied request failed", exc_info=task.exception())
             self._keep_alive = False
-        body, self._body = self._body, None
-        if body is not None and not body.complete:
-            self._keep_alive = False  # the rest of its body is still on the wire
         if self._lost or self._transport is None:
             return
+        body = self._body
+        if body is not None and not body.complete:
+            # Answered before its body came: read the rest and drop it, then close.
+            self._keep_alive = False
+            body.discard(on_complete=self.close)
+            self._resume_reading()
+            self._cancel_idle_timer()
+            self._idle_timer = self._loop.call_later(LINGER_SECONDS, self.close)
+            return
+        self._body = None
         if not self._keep_alive:
             self.close()
             return
@@ -246,8 +273,17 @@ class FrontDoor(asyncio.Protocol):
         except ConnectionError:
             # The caller went away mid-response: the relayed request ends too.
             logger.info("the caller left mid-response", extra={"cluster": cluster})
+        except Exception:
+            logger.exception("proxied request failed", extra={"cluster": cluster})
+            exchange.status = 500
+            self._keep_alive = False
+            if not head_sent:
+                self._answer_status(
+                    ProxyRefusal(500, "InternalError", "the tunnel server failed; see its log")
+                )
         finally:
             if uploader is not None:
+                # An upload cut short resets the stream (see _upload).
                 uploader.cancel()
                 await asyncio.gather(uploader, return_exceptions=True)
             if stream is not None and stream.error is None and not stream.at_eof:
@@ -263,6 +299,8 @@ class FrontDoor(asyncio.Protocol):
         exchange: ProxyExchange,
     ) -> None:
         headers = framing.headers
+        if self._body is not None and not self._body.complete:
+            self._keep_alive = False  # answered before the body came: see _request_done
         if not self._keep_alive:
             headers.append(("connection", "close"))
         self._write(response_head(response.status, response.reason, headers))
@@ -332,7 +370,7 @@ class FrontDoor(asyncio.Protocol):
         with contextlib.suppress(ConnectionError):
             self._write(response_head(refusal.code, "", headers) + body)
 
-    def _answer_bad_request(self, error: BadRequest) -> None:
+    def _answer_bad_request(self, error: MalformedRequestError) -> None:
         """A malformed head: answer, and close (the byte stream cannot be trusted)."""
         assert self._transport is not None
         body = f"{error.message}\n".encode()
@@ -354,6 +392,9 @@ class FrontDoor(asyncio.Protocol):
         protocol = self._aiohttp_protocol()
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
+        if self._writing_paused:
+            # The transport will call resume_writing() on its new protocol.
+            protocol.pause_writing()
         if self._reading_paused:
             self._reading_paused = False
             transport.resume_reading()
@@ -391,6 +432,7 @@ class _RequestBody:
         self._resume = resume
         self._more = asyncio.Event()
         self._failed = False
+        self._on_discarded: Callable[[], object] | None = None
 
     @property
     def complete(self) -> bool:
@@ -403,6 +445,10 @@ class _RequestBody:
             return data
         taken = data[: self.remaining]
         self.remaining -= len(taken)
+        if self._on_discarded is not None:
+            if self.remaining == 0:
+                self._on_discarded()
+            return data[len(taken) :]
         self._chunks.append(taken)
         self._size += len(taken)
         self._more.set()
@@ -411,8 +457,15 @@ class _RequestBody:
         return data[len(taken) :]
 
     def fail(self) -> None:
+        """The caller went away: a reader waiting for more hears of it."""
         self._failed = True
         self._more.set()
+
+    def discard(self, on_complete: Callable[[], object]) -> None:
+        """Drop what is held and what comes; call ``on_complete`` at the body's end."""
+        self._chunks.clear()
+        self._size = 0
+        self._on_discarded = on_complete
 
     async def read(self) -> bytes:
         """The next part of the body, b"" at its end; ConnectionError if the caller left."""
@@ -441,17 +494,14 @@ class _Framing:
 
 def _framing(request: CallerRequest, response: ResponseHead) -> _Framing:
     """The caller's headers and body framing for the agent's answer, or 502."""
-    headers = [(n, v) for n, v in response.headers if n not in _DROPPED_RESPONSE]
+    headers = [(n, v) for n, v in response.headers if n not in DROPPED_RESPONSE_HEADERS]
     length: int | None = None
     for name, value in headers:
         if name == "content-length":
-            if (
-                not value.isdigit()
-                or len(value) > 15
-                or (length is not None and int(value) != length)
-            ):
+            parsed = parse_content_length(value)
+            if parsed is None or (length is not None and parsed != length):
                 raise ProxyRefusal(502, "BadGateway", "the agent's answer has an invalid length")
-            length = int(value)
+            length = parsed
     if request.method == "HEAD" or response.status in (204, 304):
         return _Framing(headers, 0)
     if length is None:
@@ -493,3 +543,8 @@ async def _upload(body: _RequestBody, stream: MuxStream, exchange: ProxyExchange
         pass  # the response side reports it
     except ConnectionError:
         stream.reset()
+    except asyncio.CancelledError:
+        # Answered before the whole body went: the stream would stay half
+        # open on both sides (the agent stopped reading it). End it.
+        stream.reset()
+        raise

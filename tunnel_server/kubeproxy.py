@@ -23,17 +23,20 @@ from tunnel_mux import MuxStream, SessionError
 from tunnel_mux.upgraded import UpgradedReader
 
 from .context import CONTEXT
-from .proxyrequest import ProxyExchange, ProxyRefusal, finish, kube_status_body, open_relay
+from .proxyrequest import (
+    DROPPED_RESPONSE_HEADERS,
+    ProxyExchange,
+    ProxyRefusal,
+    finish,
+    kube_status_body,
+    open_relay,
+)
 
 __all__ = ["PROXY_ROUTE", "kube_status", "setup_kube_proxy"]
 
 logger = logging.getLogger(__name__)
 
 PROXY_ROUTE = "/k8s/clusters/{cluster}/{tail:.*}"
-
-_DROPPED_RESPONSE = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding"}
-)
 
 
 def setup_kube_proxy(app: web.Application) -> None:
@@ -97,7 +100,7 @@ async def _exchange(
             return await _relay_upgraded(request, stream, head.headers, head.reason, body, exchange)
         response = web.StreamResponse(status=head.status, reason=head.reason or None)
         for name, value in head.headers:
-            if name not in _DROPPED_RESPONSE:
+            if name not in DROPPED_RESPONSE_HEADERS:
                 response.headers.add(name, value)
         await response.prepare(request)
         try:
@@ -140,6 +143,11 @@ async def _upload(request: web.Request, stream: MuxStream, exchange: ProxyExchan
         pass  # the download side reports it
     except ConnectionError:
         stream.reset()
+    except asyncio.CancelledError:
+        # Answered before the whole body went: the stream would stay half
+        # open on both sides (the agent stopped reading it). End it.
+        stream.reset()
+        raise
 
 
 async def _relay_upgraded(
@@ -194,9 +202,13 @@ async def _relay_upgraded(
 
 def _upgrade_of(request: web.Request) -> str | None:
     """The protocol an upgrade request asks for, or None for a plain request."""
-    connection = request.headers.get("Connection", "").lower()
+    tokens = {
+        token.strip().lower()
+        for value in request.headers.getall("Connection", ())
+        for token in value.split(",")
+    }
     upgrade = request.headers.get("Upgrade")
-    return upgrade if upgrade and "upgrade" in connection else None
+    return upgrade if upgrade and "upgrade" in tokens else None
 
 
 def kube_status(code: int, reason: str, message: str) -> web.Response:

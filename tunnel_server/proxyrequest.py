@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from protocol import kinds
-from protocol.errors import LocalProtocolError
+from protocol.errors import HeaderTooLargeError, LocalProtocolError
 from protocol.http import RequestHead
 from tunnel_kube import parse_api_request
 from tunnel_mux import MuxStream, SessionError
@@ -26,9 +26,10 @@ from tunnel_mux import MuxStream, SessionError
 from .auth import parse_bearer
 from .context import ServerContext, utcnow
 from .errors import ServerError, UnauthorizedError
-from .store.base import AuditEvent, Grant, User
+from .store.base import AuditEvent, Grant, StoreError, User
 
 __all__ = [
+    "DROPPED_RESPONSE_HEADERS",
     "IDENTITY_PREFIX",
     "ProxyExchange",
     "ProxyRefusal",
@@ -61,6 +62,10 @@ _DROPPED = frozenset(
         "x-forwarded-host",
         "x-forwarded-proto",
     }
+)
+#: Hop-by-hop headers of the agent's answer, never passed to the caller.
+DROPPED_RESPONSE_HEADERS = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding"}
 )
 # A cluster name as it appears, unencoded, in the path.
 _CLUSTER = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -148,11 +153,16 @@ async def open_relay(
         token = parse_bearer(authorization)
     except UnauthorizedError as exc:
         raise ProxyRefusal(401, "Unauthorized", exc.message) from exc
-    user = await context.access.user_for_token(token)
+    try:
+        user = await context.access.user_for_token(token)
+        grant = None if user is None else await context.access.grant(user.name, cluster)
+    except StoreError as exc:
+        raise ProxyRefusal(
+            503, "ServiceUnavailable", f"the server cannot read its state now: {exc}"
+        ) from exc
     if user is None:
         raise ProxyRefusal(401, "Unauthorized", "the API token is not valid")
     exchange.user = user.name
-    grant = await context.access.grant(user.name, cluster)
     if grant is None:
         raise ProxyRefusal(403, "Forbidden", f"user {user.name} has no grant on cluster {cluster}")
     path = upstream_path(raw_target, cluster)
@@ -172,6 +182,11 @@ async def open_relay(
         return agent.session.open_stream(
             kinds.STREAM_HTTP, head.to_open_headers(), end_stream=not has_body
         )
+    except HeaderTooLargeError as exc:
+        # Not worth a retry: the same request is as large the next time.
+        raise ProxyRefusal(
+            431, "RequestHeaderFieldsTooLarge", f"the request's headers are too large: {exc}"
+        ) from exc
     except (LocalProtocolError, SessionError) as exc:
         raise ProxyRefusal(
             503, "ServiceUnavailable", f"cluster {cluster} cannot take the request now: {exc}"

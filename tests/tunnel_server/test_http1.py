@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tunnel_server.http1 import (
     MAX_HEAD,
-    BadRequest,
     CallerRequest,
+    MalformedRequestError,
     chunk,
     parse_request_head,
     response_head,
@@ -27,8 +29,8 @@ def parse(
     return parse_request_head(head(request_line, *headers))
 
 
-def refusal(raw: bytes) -> BadRequest:
-    with pytest.raises(BadRequest) as caught:
+def refusal(raw: bytes) -> MalformedRequestError:
+    with pytest.raises(MalformedRequestError) as caught:
         parse_request_head(raw)
     return caught.value
 
@@ -104,9 +106,26 @@ def test_optional_whitespace_around_a_value_is_trimmed_but_inner_whitespace_kept
     ]
 
 
-def test_header_values_keep_their_case_and_obs_text() -> None:
-    request = parse("X-Name: Caf\xe9 MiXed")
-    assert request.headers == [("x-name", "Caf\xe9 MiXed")]
+def test_header_values_keep_their_case_and_are_read_as_utf8() -> None:
+    raw = b"GET /k8s/clusters/prod/api HTTP/1.1\r\nX-Name: Caf\xc3\xa9 MiXed"
+    assert parse_request_head(raw).headers == [("x-name", "Caf\xe9 MiXed")]
+
+
+def test_a_header_value_that_is_not_utf8_is_refused() -> None:
+    error = refusal(b"GET /k8s/clusters/prod/api HTTP/1.1\r\nX-Name: Caf\xe9")
+    assert error.status == 400
+    assert "UTF-8" in error.message
+
+
+def test_a_long_run_of_spaces_in_a_value_parses_in_linear_time() -> None:
+    # The former pattern backtracked quadratically: 60 KiB took seconds.
+    value = "a" + " " * 60_000 + "b"
+    started = time.process_time()
+    request = parse(f"X-Spaces: {value}")
+    assert request.headers == [("x-spaces", value)]
+    with pytest.raises(MalformedRequestError):
+        parse(f"X-Spaces: {value}\x01")
+    assert time.process_time() - started < 0.5
 
 
 @pytest.mark.parametrize(
@@ -166,7 +185,7 @@ def test_too_many_header_lines_are_refused_with_431() -> None:
 
 
 def test_bad_request_defaults_to_400_and_keeps_its_message() -> None:
-    error = BadRequest("why")
+    error = MalformedRequestError("why")
     assert (error.status, error.message, str(error)) == (400, "why", "why")
 
 
