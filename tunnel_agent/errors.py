@@ -4,9 +4,10 @@
     └── AgentError
         ├── AgentConfigError           flags or files that cannot be used
         ├── CredentialsError           the credential store failed
-        ├── UpstreamError              a relayed request to the API server failed
-        │   ├── UpstreamConnectError   (tunnel_agent.upstream) cannot connect
-        │   └── UpstreamRequestError   (tunnel_agent.upstream) bad request or answer
+        ├── UpstreamError              a relayed request to the API server failed,
+        │   │                          or its answer cannot be relayed
+        │   ├── UpstreamConnectError   no connection (refused, unknown host, TLS, timeout)
+        │   └── UpstreamRequestError   the request cannot be sent as it is
         ├── AgentStoppedError          the agent must stop: retrying cannot help
         │   ├── BootstrapRefusedError  the server refused the bootstrap token
         │   └── AgentRejectedError     the server refused the certificate (revoked ...)
@@ -31,6 +32,9 @@ __all__ = [
     "CredentialsError",
     "ServerCertificateError",
     "TlsInterceptionError",
+    "UpstreamConnectError",
+    "UpstreamError",
+    "UpstreamRequestError",
 ]
 
 
@@ -75,3 +79,15 @@ class ServerCertificateError(ConnectError):
 
 class TlsInterceptionError(ServerCertificateError):
     """A proxy on the way presents its own certificate instead of the server's."""
+
+
+class UpstreamError(AgentError):
+    """The API server cannot be reached, or its answer cannot be relayed."""
+
+
+class UpstreamConnectError(UpstreamError):
+    """No connection to the API server: refused, unknown host, TLS failure, timeout."""
+
+
+class UpstreamRequestError(UpstreamError):
+    """The request cannot be sent as it is: unsafe characters, or a body of the wrong length."""

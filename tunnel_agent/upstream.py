@@ -10,7 +10,8 @@ agent's CPU per request; this client does what the relay needs and no more
 - Connections are reused last-in first-out; at most ``max_idle`` wait idle, the
   others are closed. One that the server closed while idle is dropped; one that
   the server closes before answering (a race with its idle timeout) is retried
-  once on a fresh connection if no request body byte was read yet.
+  once on a fresh connection if the request is a GET or OPTIONS without a body,
+  or has a body of which no byte was read or sent yet.
 - The request body is streamed: exactly ``content-length`` bytes when the head
   has one, else ``transfer-encoding: chunked``.
 - The response body is handed out as it arrives, with backpressure: reading
@@ -19,13 +20,9 @@ agent's CPU per request; this client does what the relay needs and no more
   Closing a response before its end closes the connection, so a watch the
   caller left ends at the API server at once.
 
-Errors (all :class:`~tunnel_agent.errors.AgentError`)::
-
-    UpstreamError                the API server cannot be reached, or its answer cannot be relayed
-    ├── UpstreamConnectError     no connection (refused, unknown host, TLS, timeout)
-    └── UpstreamRequestError     the request cannot be sent as it is (unsafe text, body length)
-
-Messages name the API server's address, never a header value.
+Errors are :class:`~tunnel_agent.errors.UpstreamError` and its subclasses;
+messages name the API server's address, never a header value. One connection
+is :class:`tunnel_agent.upstream_connection.UpstreamConnection`.
 """
 
 from __future__ import annotations
@@ -34,19 +31,21 @@ import asyncio
 import logging
 import re
 import ssl
-from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from typing import cast
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-import httptools
-
-from protocol.errors import TunnelError
-from protocol.http import MAX_HEADER_VALUE, MAX_HEADERS, MAX_RESPONSE_HEAD
-
-from .errors import AgentError
+from .errors import UpstreamConnectError, UpstreamError, UpstreamRequestError
+from .upstream_connection import (
+    HIGH_WATER_BYTES,
+    HIGH_WATER_CHUNKS,
+    BodyReader,
+    StaleConnectionError,
+    UpstreamConnection,
+)
 
 __all__ = [
+    "HIGH_WATER_BYTES",
+    "HIGH_WATER_CHUNKS",
     "BodyReader",
     "UpstreamConnectError",
     "UpstreamError",
@@ -57,10 +56,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Reads the next bytes of a request body; b"" at its end. Like ``MuxStream.read``,
-#: it must lose nothing when cancelled while it waits (a retry reads again).
-BodyReader = Callable[[], Awaitable[bytes]]
-
 #: Idle keep-alive connections kept; more are closed as they come back. Above
 #: the concurrency callers reach (kubectl's discovery sends ~50 requests at
 #: once), or every burst closes and reopens connections: at 32, a benchmark at
@@ -68,14 +63,6 @@ BodyReader = Callable[[], Awaitable[bytes]]
 MAX_IDLE = 128
 #: Seconds to connect (TCP and TLS handshake) before giving up.
 CONNECT_TIMEOUT = 10.0
-#: Reading from the API server pauses while more than this waits to be relayed.
-HIGH_WATER_CHUNKS = 4
-HIGH_WATER_BYTES = 256 * 1024
-#: Bound of a response head's text (reason, names, values). The relay re-encodes
-#: the head as msgpack within the protocol's bound (docs/protocol.md, "HTTP
-#: streams"): there each byte >= 0x80 of a latin-1 value takes two, and the map
-#: itself takes under 2 KiB more.
-MAX_HEAD_BYTES = (MAX_RESPONSE_HEAD - 2048) // 2
 
 # Framing and connection management belong to this client: given ones are ignored.
 _OWN_HEADERS = frozenset({"host", "connection", "keep-alive", "transfer-encoding", "upgrade"})
@@ -88,26 +75,6 @@ _TOKENS = re.compile(f"{_NAME_CHARS}(?: {_NAME_CHARS})*")
 # Values joined by a tab (which values may hold): no other control character.
 _UNSAFE_VALUES = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _DIGITS = re.compile(r"[0-9]{1,18}")
-
-
-class UpstreamError(AgentError):
-    """The API server cannot be reached, or its answer cannot be relayed."""
-
-
-class UpstreamConnectError(UpstreamError):
-    """No connection to the API server: refused, unknown host, TLS failure, timeout."""
-
-
-class UpstreamRequestError(UpstreamError):
-    """The request cannot be sent as it is: unsafe characters, or a body of the wrong length."""
-
-
-class _StaleConnectionError(UpstreamError):
-    """The API server closed the connection before any byte of an answer."""
-
-
-class _Refused(Exception):
-    """Stops the parser from a callback; the reason is in ``_Connection.error``."""
 
 
 class UpstreamPool:
@@ -147,8 +114,8 @@ class UpstreamPool:
         self._where = f"{split.scheme}://{self._authority}"
         self.max_idle = max_idle
         self.connect_timeout = connect_timeout
-        self._idle: list[_Connection] = []
-        self._open: set[_Connection] = set()
+        self._idle: list[UpstreamConnection] = []
+        self._open: set[UpstreamConnection] = set()
         self._closed = False
 
     @property
@@ -200,9 +167,9 @@ class UpstreamPool:
             try:
                 connection.begin(head, body, length)
                 await connection.wait_head()
-            except _StaleConnectionError:
+            except StaleConnectionError:
                 connection.abort()
-                if reused and not connection.body_consumed:
+                if reused and _replayable(method, body is not None, connection):
                     logger.debug("%s closed an idle connection; retrying", self._where)
                     continue
                 raise
@@ -223,7 +190,7 @@ class UpstreamPool:
 
     # Connections.
 
-    def _take(self) -> _Connection | None:
+    def _take(self) -> UpstreamConnection | None:
         while self._idle:
             connection = self._idle.pop()
             if connection.reusable:
@@ -231,26 +198,26 @@ class UpstreamPool:
             connection.abort()
         return None
 
-    def _give_back(self, connection: _Connection) -> None:
+    def _give_back(self, connection: UpstreamConnection) -> None:
         if len(self._idle) >= self.max_idle or self._closed:
             connection.close()
         else:
             connection.idle()
             self._idle.append(connection)
 
-    def _forget(self, connection: _Connection) -> None:
+    def _forget(self, connection: UpstreamConnection) -> None:
         """A connection was lost: it is no longer open, nor idle."""
         self._open.discard(connection)
         if connection in self._idle:
             self._idle.remove(connection)
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         where = self._where
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(self),
+                    lambda: UpstreamConnection(where, self._open.add, self._forget),
                     self.host,
                     self.port,
                     ssl=self._ssl,
@@ -335,6 +302,18 @@ class UpstreamPool:
             raise UpstreamRequestError("the request head is not valid text") from exc
 
 
+def _replayable(method: str, has_body: bool, connection: UpstreamConnection) -> bool:
+    """Whether a request a stale connection dropped may be sent again (Go's rule).
+
+    Without a body, only if it is idempotent: the API server may have acted on
+    it before it closed. With one, only if no byte of the body was taken or
+    sent: the server cannot have acted on a request it has not had whole.
+    """
+    if not has_body:
+        return method in ("GET", "OPTIONS")
+    return not connection.body_consumed and not connection.body_started
+
+
 def _bad_name(names: list[str]) -> str:
     return next((name for name in names if re.fullmatch(_NAME_CHARS, name) is None), "")[:64]
 
@@ -347,7 +326,7 @@ class UpstreamResponse:
     cancellation, a body left unread).
     """
 
-    def __init__(self, pool: UpstreamPool, connection: _Connection) -> None:
+    def __init__(self, pool: UpstreamPool, connection: UpstreamConnection) -> None:
         self._pool = pool
         self._connection = connection
         self._released = False
@@ -402,315 +381,3 @@ class UpstreamResponse:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-class _Connection(asyncio.Protocol):
-    """One connection to the API server, one exchange at a time."""
-
-    def __init__(self, pool: UpstreamPool) -> None:
-        self._pool = pool
-        self._loop = asyncio.get_running_loop()
-        self._parser = httptools.HttpResponseParser(self)
-        self.transport: asyncio.Transport | None = None
-        #: Resolved when the connection is gone.
-        self.closed: asyncio.Future[None] = self._loop.create_future()
-        self.lost = False
-        #: False once the connection must not carry another exchange.
-        self.reusable = True
-        self._busy = False
-        self._waiter: asyncio.Future[None] | None = None
-        self._write_paused = False
-        self._drain_waiter: asyncio.Future[None] | None = None
-        self._sender: asyncio.Task[None] | None = None
-        self._reset()
-
-    def _reset(self) -> None:
-        """State of one exchange."""
-        self.status = 0
-        self.reason = ""
-        self.headers: list[tuple[str, str]] = []
-        self.head_done = False
-        self.complete = False
-        self.error: UpstreamError | None = None
-        self.chunks: deque[bytes] = deque()
-        self.queued = 0
-        self.paused = False
-        self.received = False
-        self.body_consumed = False
-        self.body_sent = True
-        self._head_size = 0
-        self._head_received = 0
-        self._interim = False
-
-    # Driven by the pool and the response.
-
-    def begin(self, head: bytes, body: BodyReader | None, length: int | None) -> None:
-        """Start an exchange: send the head, and the body as it comes."""
-        self._reset()
-        self._busy = True
-        transport = self.transport
-        assert transport is not None
-        transport.write(head)
-        if body is not None:
-            self.body_sent = False
-            self._sender = self._loop.create_task(self._send_body(body, length))
-            self._sender.add_done_callback(self._sender_done)
-
-    async def wait_head(self) -> None:
-        while not self.head_done:
-            if self.error is not None:
-                raise self.error
-            await self.wait()
-
-    async def wait(self) -> None:
-        """Until the parser or the connection has news."""
-        waiter = self._loop.create_future()
-        self._waiter = waiter
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-
-    def take(self) -> bytes:
-        chunk = self.chunks.popleft()
-        self.queued -= len(chunk)
-        if self.paused and not self.chunks:
-            self.paused = False
-            if not self.lost and self.transport is not None:
-                self.transport.resume_reading()
-        return chunk
-
-    def finish(self) -> bool:
-        """End the exchange; True if the connection may carry another."""
-        self._busy = False
-        sender = self._sender
-        self._sender = None
-        if sender is not None and not sender.done():
-            sender.cancel()
-        return (
-            self.complete
-            and self.error is None
-            and self.reusable
-            and self.body_sent
-            and not self.chunks
-            and not self.lost
-        )
-
-    def idle(self) -> None:
-        """Wait in the pool: reading on, so a close by the server is seen."""
-        if self.paused and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
-
-    def close(self) -> None:
-        self.reusable = False
-        if self.transport is not None:
-            self.transport.close()
-
-    def abort(self) -> None:
-        """Close at once, dropping what is not sent (the API server sees the end)."""
-        self.reusable = False
-        sender = self._sender
-        if sender is not None and not sender.done():
-            sender.cancel()
-        if self.transport is not None:
-            self.transport.abort()
-
-    def _fail(self, error: UpstreamError) -> None:
-        if self.error is None and not self.complete:
-            self.error = error
-        self.abort()
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    # The request body.
-
-    async def _send_body(self, read: BodyReader, length: int | None) -> None:
-        try:
-            await self._write_body(read, length)
-        except UpstreamError as exc:
-            self._fail(exc)
-        except TunnelError as exc:
-            self._fail(UpstreamRequestError(f"the request body could not be read: {exc}"))
-
-    async def _write_body(self, read: BodyReader, length: int | None) -> None:
-        transport = self.transport
-        assert transport is not None
-        sent = 0
-        while chunk := await read():
-            self.body_consumed = True
-            if self.lost:
-                return  # the answer side reports why
-            sent += len(chunk)
-            if length is None:
-                transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
-            elif sent > length:
-                raise UpstreamRequestError(
-                    f"the request body is longer than its content-length ({length} bytes)"
-                )
-            else:
-                transport.write(chunk)
-            await self._drain()
-        if length is None:
-            if not self.lost:
-                transport.write(b"0\r\n\r\n")
-        elif sent < length:
-            raise UpstreamRequestError(
-                f"the request body ended after {sent} of its {length} bytes (content-length)"
-            )
-        self.body_sent = True
-
-    def _sender_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            logger.error("sending a request body to the API server failed", exc_info=exc)
-            self._fail(UpstreamError("the agent failed to send the request body"))
-
-    async def _drain(self) -> None:
-        while self._write_paused and not self.lost:
-            waiter = self._loop.create_future()
-            self._drain_waiter = waiter
-            try:
-                await waiter
-            finally:
-                self._drain_waiter = None
-
-    # asyncio.Protocol
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A cast, not an isinstance check: uvloop's transports are not
-        # subclasses of asyncio.Transport.
-        self.transport = cast(asyncio.Transport, transport)
-        self._pool._open.add(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        self.reusable = False
-        self._pool._forget(self)
-        if self._drain_waiter is not None and not self._drain_waiter.done():
-            self._drain_waiter.set_result(None)
-        if self._busy and not self.complete and self.error is None:
-            if not self.received:
-                self.error = _StaleConnectionError(
-                    f"the API server at {self._pool._where} closed the connection without answering"
-                )
-            elif self.head_done and self._close_delimited():
-                self.complete = True  # the body ended with the connection, as announced
-            else:
-                self.error = UpstreamError(
-                    f"the API server at {self._pool._where} closed the connection "
-                    "before the end of its answer"
-                )
-        self._wake()
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    def _close_delimited(self) -> bool:
-        """True if the answer has neither a length nor chunks: it ends with the connection."""
-        return not any(name in ("content-length", "transfer-encoding") for name, _ in self.headers)
-
-    def pause_writing(self) -> None:
-        self._write_paused = True
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        if self._drain_waiter is not None and not self._drain_waiter.done():
-            self._drain_waiter.set_result(None)
-
-    def data_received(self, data: bytes) -> None:
-        if not self._busy or self.complete:
-            # The server spoke out of turn: nothing it says now can be trusted.
-            self.abort()
-            return
-        self.received = True
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(UpstreamError("the API server switched protocols without being asked"))
-            return
-        except httptools.HttpParserError as exc:
-            if self.error is not None:  # a bound, set by a callback
-                self._fail(self.error)
-            else:
-                self._fail(UpstreamError(f"the API server's answer is not valid HTTP: {exc}"))
-            return
-        if not self.head_done:
-            # llhttp keeps an incomplete header line in memory: bound what it may hold.
-            self._head_received += len(data)
-            if self._head_received > MAX_HEAD_BYTES:
-                self._fail(self._too_large())
-
-    # httptools callbacks
-
-    def on_status(self, status: bytes) -> None:
-        self.reason = status.decode("latin-1")
-        self._head_size += len(status)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_size += len(name) + len(value)
-        headers = self.headers
-        if len(headers) >= MAX_HEADERS:
-            self.error = UpstreamError(
-                f"the API server's answer has more than {MAX_HEADERS} headers: "
-                "the tunnel cannot relay it"
-            )
-            raise _Refused
-        if len(value) > MAX_HEADER_VALUE:
-            self.error = UpstreamError(
-                f"the API server's answer has a header value over {MAX_HEADER_VALUE} bytes: "
-                "the tunnel cannot relay it"
-            )
-            raise _Refused
-        headers.append((name.lower().decode("latin-1"), value.decode("latin-1")))
-
-    def on_headers_complete(self) -> None:
-        if self._head_size > MAX_HEAD_BYTES:
-            self.error = self._too_large()
-            raise _Refused
-        status = self._parser.get_status_code()
-        if status == 101:
-            self.error = UpstreamError("the API server switched protocols without being asked")
-            raise _Refused
-        if 100 <= status < 200:
-            # An interim answer (100 Continue ...): the real one follows.
-            self._interim = True
-            self.headers = []
-            self.reason = ""
-            self._head_size = 0
-            return
-        self.status = status
-        self.head_done = True
-        self._wake()
-
-    def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
-        self.queued += len(body)
-        if not self.paused and (
-            len(self.chunks) > HIGH_WATER_CHUNKS or self.queued > HIGH_WATER_BYTES
-        ):
-            # The relay is slower than the API server: let TCP slow it down.
-            assert self.transport is not None
-            self.transport.pause_reading()
-            self.paused = True
-        self._wake()
-
-    def on_message_complete(self) -> None:
-        if self._interim:
-            self._interim = False
-            return
-        self.complete = True
-        if not self._parser.should_keep_alive():
-            self.reusable = False
-        self._wake()
-
-    def _too_large(self) -> UpstreamError:
-        return UpstreamError(
-            f"the API server's answer head is over {MAX_HEAD_BYTES} bytes: "
-            "the tunnel cannot relay it"
-        )

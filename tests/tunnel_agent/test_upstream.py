@@ -340,6 +340,56 @@ async def test_a_stale_connection_is_not_retried_once_body_bytes_were_read() -> 
         ]
 
 
+@pytest.mark.parametrize("method", ["POST", "DELETE", "PATCH"])
+async def test_a_stale_connection_is_not_retried_for_a_request_that_is_not_idempotent(
+    method: str,
+) -> None:
+    """Without a body the API server may have acted on it before it closed."""
+
+    async def answer_first_only(exchange: Exchange) -> None:
+        if len(origin.exchanges) == 1:
+            await ok(exchange)
+        else:
+            exchange.keep = False
+
+    async with running(answer_first_only) as origin, pool_for(origin.url) as pool:
+        await read_all(pool, "GET", "/a")
+        with pytest.raises(UpstreamError, match="without answering"):
+            await pool.request(method, "/b", [])
+        assert [(e.peer.number, e.target) for e in origin.exchanges] == [(0, "/a"), (0, "/b")]
+
+
+async def test_a_stale_connection_is_not_retried_once_an_empty_chunked_body_was_ended() -> None:
+    async def answer_first_only(exchange: Exchange) -> None:
+        if len(origin.exchanges) == 1:
+            await ok(exchange)
+        else:
+            exchange.keep = False
+
+    async with running(answer_first_only) as origin, pool_for(origin.url) as pool:
+        await read_all(pool, "GET", "/a")
+        with pytest.raises(UpstreamError, match="without answering"):
+            await pool.request("POST", "/b", [], body_of())
+        assert [(e.peer.number, e.target) for e in origin.exchanges] == [(0, "/a"), (0, "/b")]
+
+
+async def test_a_reason_phrase_split_across_reads_is_kept_whole() -> None:
+    async def split_status_line(exchange: Exchange) -> None:
+        exchange.write(b"HTTP/1.1 200 Al")
+        await exchange.peer.writer.drain()
+        await until(lambda: pool.open_connections == 1 and first_part_read(), max_turns=10**6)
+        exchange.write(b"l Good\r\nContent-Length: 0\r\n\r\n")
+
+    def first_part_read() -> bool:
+        return any(c.received for c in pool._open)  # the first piece reached the parser
+
+    async with running(split_status_line) as origin, pool_for(origin.url) as pool:
+        response = await pool.request("GET", "/a", [])
+        with response:
+            assert (response.status, response.reason) == (200, "All Good")
+        assert len(origin.exchanges) == 1
+
+
 async def test_pool_close_closes_idle_connections_and_refuses_new_requests() -> None:
     async with running(ok) as origin:
         pool = UpstreamPool(origin.url)
