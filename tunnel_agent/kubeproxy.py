@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -26,6 +25,7 @@ import aiohttp
 
 from protocol.errors import ErrorCode, MalformedFrameError
 from protocol.http import RequestHead, encode_response_head
+from tunnel_kube import status_body
 from tunnel_mux import MuxStream, SessionError
 from tunnel_mux.upgraded import UpgradedReader
 
@@ -250,17 +250,7 @@ def _response_headers(response: aiohttp.ClientResponse) -> list[tuple[str, str]]
 
 async def _answer_status(stream: MuxStream, code: int, reason: str, message: str) -> None:
     """Answer with a Kubernetes Status, as the API server would."""
-    body = json.dumps(
-        {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": message,
-            "reason": reason,
-            "code": code,
-        }
-    ).encode()
+    body = status_body(code, reason, message)
     try:
         await stream.write(
             encode_response_head(

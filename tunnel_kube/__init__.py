@@ -2,9 +2,11 @@
 
 What a request path and method mean to the API server (verb, resource,
 namespace, subresource), as its RequestInfo does; used by the agent's policy
-and the server's audit. Standard library only.
+and the server's audit; and the Status body both sides answer refusals with.
+Standard library only.
 """
 
 from .requests import ApiRequest, parse_api_request
+from .status import status_body
 
-__all__ = ["ApiRequest", "parse_api_request"]
+__all__ = ["ApiRequest", "parse_api_request", "status_body"]

@@ -11,7 +11,6 @@ identity and open the ``http`` stream on the cluster's agent session, and
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterable
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from protocol import kinds
 from protocol.errors import HeaderTooLargeError, LocalProtocolError
 from protocol.http import RequestHead
-from tunnel_kube import parse_api_request
+from tunnel_kube import parse_api_request, status_body
 from tunnel_mux import MuxStream, SessionError
 
 from .auth import parse_bearer
@@ -98,17 +97,7 @@ class ProxyExchange:
 
 def kube_status_body(code: int, reason: str, message: str) -> bytes:
     """A ``metav1.Status`` failure, as the API server would answer."""
-    return json.dumps(
-        {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": message,
-            "reason": reason,
-            "code": code,
-        }
-    ).encode()
+    return status_body(code, reason, message)
 
 
 def impersonation_headers(user: User, grant: Grant) -> list[tuple[str, str]]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tunnel_kube import parse_api_request
+from tunnel_kube import parse_api_request, status_body
 from tunnel_kube.requests import ApiRequest
 
 
@@ -164,3 +165,16 @@ def test_agrees_with_the_urlsplit_and_parse_qs_reading(
 ) -> None:
     target = "/" + "/".join(segments) + (f"?{query}" if query else "")
     assert parse_api_request(method, target) == _former_parse(method, target)
+
+
+def test_status_body_is_a_kubernetes_failure_status() -> None:
+    body = json.loads(status_body(403, "Forbidden", "no grant"))
+    assert body == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "no grant",
+        "reason": "Forbidden",
+        "code": 403,
+    }
