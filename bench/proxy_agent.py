@@ -34,7 +34,7 @@ from tunnel_agent.kubeapi import KubeApi
 from tunnel_agent.kubeproxy import KubeProxy
 from tunnel_agent.policy import ProxyPolicy
 from tunnel_agent.router import StreamRouter
-from tunnel_cli import freeze_startup_objects
+from tunnel_cli import EVENT_LOOPS, freeze_startup_objects, run_main
 
 from .proxy_patches import AGENT_PATCHES, apply
 from .proxy_server import experiment_limits
@@ -94,13 +94,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--patch", action="append", default=[], choices=AGENT_PATCHES, help="proposed change"
     )
+    parser.add_argument("--event-loop", default="auto", choices=list(EVENT_LOOPS))
     args = parser.parse_args(argv)
     args.ca_pem = Path(args.ca).read_bytes()
     apply(args.patch)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(run(args))
+    run_main(run(args), args.event_loop)  # as tunnel-agent run does
     return 0
 
 

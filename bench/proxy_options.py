@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunnel_cli import EVENT_LOOPS
+
 from .proxy_patches import AGENT_PATCHES, SERVER_PATCHES
 
 MIB = 1024 * 1024
@@ -103,8 +105,14 @@ def parser() -> argparse.ArgumentParser:
         "--patch",
         action="append",
         default=[],
-        choices=[*SERVER_PATCHES, *AGENT_PATCHES],
+        choices=sorted({*SERVER_PATCHES, *AGENT_PATCHES}),
         help="experiment: apply a proposed product change at run time (bench/proxy_patches.py)",
+    )
+    parser.add_argument(
+        "--event-loop",
+        default="auto",
+        choices=list(EVENT_LOOPS),
+        help="the server's and the agent's event loop (default auto: uvloop when installed)",
     )
     parser.add_argument("--json", type=Path, help="also write the results here as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the run directory (logs)")

@@ -13,8 +13,6 @@ with tests.
 - ``cancel-on-reset`` (agent): when the server resets a stream, the session
   cancels that stream's handler, which closes the request to the API server,
   rather than leaving it until the handler next writes to the stream.
-- ``lean-client`` (agent): the relay to the API server without aiohttp's
-  client (bench/proxy_lean_client.py), to measure the proposed data plane.
 - ``audit-linger`` (server): the audit writer lets a batch gather for 50 ms
   before handing it to the SQLite thread, so a busy proxy hands over about
   20 batches a second rather than one per event loop turn.
@@ -29,7 +27,7 @@ from typing import Any
 __all__ = ["AGENT_PATCHES", "SERVER_PATCHES", "apply"]
 
 SERVER_PATCHES = ("handler-cancellation", "audit-linger")
-AGENT_PATCHES = ("cancel-on-reset", "lean-client")
+AGENT_PATCHES = ("cancel-on-reset",)
 _LINGER = 0.05
 
 
@@ -42,10 +40,6 @@ def apply(names: list[str]) -> None:
             _audit_linger()
         elif name == "cancel-on-reset":
             _cancel_on_reset()
-        elif name == "lean-client":
-            from .proxy_lean_client import install
-
-            install()
         else:
             raise ValueError(f"unknown patch {name!r}")
 

@@ -13,13 +13,12 @@ applied, to see what the defaults cost and what a proposal would gain.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import sys
 from collections.abc import Sequence
 
 from protocol import Limits
-from tunnel_cli import configure_logging
+from tunnel_cli import configure_logging, run_main
 from tunnel_server.app import run_server
 from tunnel_server.cli import build_parser, settings_from_args
 
@@ -54,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_args(server_args)
     limits = experiment_limits(args.initial_window, args.max_frame_size)
     tunnel = dataclasses.replace(settings.tunnel, limits=limits)
-    asyncio.run(run_server(dataclasses.replace(settings, tunnel=tunnel)))
+    run_main(run_server(dataclasses.replace(settings, tunnel=tunnel)), server_args.event_loop)
     return 0
 
 

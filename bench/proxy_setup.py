@@ -124,11 +124,13 @@ async def start_upstream(children: Children, cert: Path, key: Path) -> Upstream:
 
 @dataclass(frozen=True, slots=True)
 class Experiment:
-    """Other protocol limits (0: default) and proposed patches (:mod:`bench.proxy_patches`)."""
+    """Other protocol limits (0: default), proposed patches (:mod:`bench.proxy_patches`)
+    and the event loop of the server and the agent (``--event-loop``: auto takes uvloop)."""
 
     initial_window: int = 0
     max_frame_size: int = 0
     patches: tuple[str, ...] = ()
+    event_loop: str = "auto"
 
     @property
     def active(self) -> bool:
@@ -147,6 +149,7 @@ class Experiment:
 def _server_argv(state: Path, port: int, log_level: str, experiment: Experiment) -> list[str]:
     serve = ["serve", "--state-dir", str(state), "--listen", f"127.0.0.1:{port}"]
     serve += ["--shutdown-grace", "1s", "--log-level", log_level]
+    serve += ["--event-loop", experiment.event_loop]
     if experiment.active:
         flags = experiment.flags(SERVER_PATCHES)
         return [sys.executable, "-m", "bench.proxy_server", *flags, "--", *serve]
@@ -225,6 +228,7 @@ async def start_agent(
         argv += ["--credentials-dir", str(run_dir / "agent-credentials")]
         argv += ["--bootstrap-token", str(cluster["bootstrap_token"]), "--upstream", upstream_url]
         argv += experiment.flags(AGENT_PATCHES)
+        argv += ["--event-loop", experiment.event_loop]
         agent = await children.start("agent", argv)
         tunnel = Tunnel(server, agent, port, state, str(user["token"]))
         await _wait_relaying(http, tunnel, context)

@@ -12,7 +12,14 @@ from pathlib import Path
 
 from protocol import Keepalive, kinds
 from protocol.errors import TunnelError
-from tunnel_cli import configure_logging, env_flag, freeze_startup_objects, parse_duration
+from tunnel_cli import (
+    EVENT_LOOPS,
+    configure_logging,
+    env_flag,
+    freeze_startup_objects,
+    parse_duration,
+    run_main,
+)
 from tunnel_mux import Session
 from tunnel_pki.errors import PkiError
 from tunnel_pki.names import validate_cluster_name
@@ -143,6 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="log format",
     )
     env_flag(run, "--log-level", env + "LOG_LEVEL", default="info", help="log level")
+    env_flag(
+        run,
+        "--event-loop",
+        env + "EVENT_LOOP",
+        default="auto",
+        choices=list(EVENT_LOOPS),
+        help="event loop: uvloop when installed (auto), or force uvloop or asyncio",
+    )
     return parser
 
 
@@ -302,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         configure_logging(args.log_format, args.log_level)
-        asyncio.run(run_agent(settings_from_args(args)))
+        run_main(run_agent(settings_from_args(args)), args.event_loop)
     except AgentStoppedError as exc:
         logger.error("stopping: %s", exc)
         return 3

@@ -7,8 +7,6 @@ for Prometheus.
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -54,8 +52,7 @@ async def start_health_server(
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server = site._server
-    bound = port
-    if isinstance(server, asyncio.Server) and server.sockets:
-        bound = server.sockets[0].getsockname()[1]
+    # Duck-typed: uvloop's Server is not a subclass of asyncio.Server.
+    sockets = getattr(site._server, "sockets", None)
+    bound: int = sockets[0].getsockname()[1] if sockets else port
     return runner, bound

@@ -20,6 +20,7 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import cast
 
 import aiohttp
 
@@ -210,7 +211,9 @@ async def _splice(
     stream: MuxStream, reader: UpgradedReader, transport: asyncio.BaseTransport
 ) -> None:
     """Relay bytes between the stream and the API server's upgraded connection."""
-    assert isinstance(transport, asyncio.WriteTransport)
+    # A cast, not an isinstance check: uvloop's transports are not subclasses
+    # of asyncio's (an assert here broke exec and port-forward under uvloop).
+    transport = cast(asyncio.WriteTransport, transport)
 
     async def to_api_server() -> None:
         while chunk := await stream.read():

@@ -1,18 +1,24 @@
 """Command-line plumbing shared by tunnel-server, tunnel-agent and tunnelctl.
 
 Flags that also read environment variables, durations, logging set-up
-(text for people, JSON for machines), and freezing start-up objects out of
-the garbage collector's full passes. Depends on the standard library only.
+(text for people, JSON for machines), freezing start-up objects out of
+the garbage collector's full passes, and the choice of event loop (uvloop
+when installed). Depends on the standard library only (uvloop is imported
+by name, when present).
 """
 
+from .eventloop import EVENT_LOOPS, loop_factory, run_main
 from .flags import FlagError, env_flag, parse_duration
 from .logs import configure_logging
 from .memory import freeze_startup_objects
 
 __all__ = [
+    "EVENT_LOOPS",
     "FlagError",
     "configure_logging",
     "env_flag",
     "freeze_startup_objects",
+    "loop_factory",
     "parse_duration",
+    "run_main",
 ]

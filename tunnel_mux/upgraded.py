@@ -10,6 +10,7 @@ It serves both aiohttp's server and client protocols.
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 __all__ = ["UpgradedReader"]
 
@@ -58,8 +59,10 @@ class UpgradedReader:
         return data
 
     def _pause(self, pause: bool) -> None:
-        transport = self._transport
-        if isinstance(transport, asyncio.ReadTransport) and not transport.is_closing():
+        # No isinstance check against asyncio.ReadTransport: uvloop's
+        # transports have the same methods but are not its subclasses.
+        transport = cast(asyncio.ReadTransport | None, self._transport)
+        if transport is not None and not transport.is_closing():
             if pause:
                 transport.pause_reading()
             else:

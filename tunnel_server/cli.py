@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from pathlib import Path
 
 from protocol import Keepalive
 from protocol.errors import TunnelError
-from tunnel_cli import configure_logging, env_flag, parse_duration
+from tunnel_cli import EVENT_LOOPS, configure_logging, env_flag, parse_duration, run_main
 
 from . import __version__
 from .config import (
@@ -125,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="log format",
     )
     env_flag(serve, "--log-level", env + "LOG_LEVEL", default="info", help="log level")
+    env_flag(
+        serve,
+        "--event-loop",
+        env + "EVENT_LOOP",
+        default="auto",
+        choices=list(EVENT_LOOPS),
+        help="event loop: uvloop when installed (auto), or force uvloop or asyncio",
+    )
     return parser
 
 
@@ -183,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from_args(args)
         from .app import run_server
 
-        asyncio.run(run_server(settings))
+        run_main(run_server(settings), args.event_loop)
     except TunnelError as exc:
         print(f"tunnel-server: {exc}", file=sys.stderr)
         return 1

@@ -195,6 +195,15 @@ AGENT_FLAGS = [
         "debug",
         "warning",
     ),
+    FlagCase(
+        "--event-loop",
+        "TUNNEL_AGENT_EVENT_LOOP",
+        "asyncio",
+        "uvloop",
+        lambda a, s: a.event_loop,
+        "asyncio",
+        "uvloop",
+    ),
 ]
 
 

@@ -176,6 +176,15 @@ SERVER_FLAGS = [
         "debug",
         "error",
     ),
+    FlagCase(
+        "--event-loop",
+        "TUNNEL_SERVER_EVENT_LOOP",
+        "asyncio",
+        "uvloop",
+        lambda a, s: a.event_loop,
+        "asyncio",
+        "uvloop",
+    ),
 ]
 
 
