@@ -81,7 +81,8 @@ class TunnelSettings:
     max_tls_handshakes: int = 64
     #: Bytes asyncio reads from a TLS socket at once. CPython's default of 256 KiB
     #: is allocated per connection and dominates an idle agent's cost
-    #: (docs/benchmarks.md, "Idle agents"); 64 KiB is four TLS records.
+    #: (docs/benchmarks.md, "Idle agents"); 64 KiB is four TLS records. Only for
+    #: asyncio's loop: uvloop allocates its buffer without touching its pages.
     tls_read_buffer: int = 64 * 1024
     #: Agent sessions being set up at once; beyond it agents get 503 + Retry-After.
     max_pending_handshakes: int = 256
