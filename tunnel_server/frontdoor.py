@@ -75,9 +75,10 @@ class FrontDoors:
         """Close every connection and wait for their requests to end.
 
         Called after the agents' sessions were drained: a request still running
-        waits on a caller that does not read, so its connection is aborted.
+        waits on a caller that does not read, so its connection is aborted; an
+        idle one is closed, its last answer still sent.
         """
-        tasks = [door.abort() for door in list(self.open)]
+        tasks = [door.abort() if door.busy else door.close() for door in list(self.open)]
         pending = [task for task in tasks if task is not None]
         await asyncio.gather(*pending, return_exceptions=True)
 
@@ -166,6 +167,11 @@ class FrontDoor(asyncio.Protocol):
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
         return self._task
+
+    @property
+    def busy(self) -> bool:
+        """A request is in progress on the connection."""
+        return self._task is not None
 
     def abort(self) -> asyncio.Task[None] | None:
         """Close at once, dropping unsent data; returns the request task still ending."""

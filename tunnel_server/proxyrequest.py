@@ -11,6 +11,7 @@ identity and open the ``http`` stream on the cluster's agent session, and
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Iterable
@@ -40,6 +41,8 @@ __all__ = [
     "open_relay",
     "upstream_path",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Every identity the server asserts in a cluster carries this prefix.
 IDENTITY_PREFIX = "tunnel:"
@@ -146,8 +149,11 @@ async def open_relay(
         user = await context.access.user_for_token(token)
         grant = None if user is None else await context.access.grant(user.name, cluster)
     except StoreError as exc:
+        # The store's text may be SQLite's: logged here, not told to a caller
+        # whose token is not even checked yet.
+        logger.warning("cannot authenticate a proxied request: %s", exc)
         raise ProxyRefusal(
-            503, "ServiceUnavailable", f"the server cannot read its state now: {exc}"
+            503, "ServiceUnavailable", "the server cannot read its state now; retry shortly"
         ) from exc
     if user is None:
         raise ProxyRefusal(401, "Unauthorized", "the API token is not valid")

@@ -4,7 +4,8 @@ Each test speaks raw HTTP/1.1 over an asyncio TLS stream (trusting the
 server's CA) so it controls the bytes exactly: keep-alive and pipelining,
 response framing, request bodies, the hand-over to aiohttp at a request
 boundary, refusals, and how connections end. Behind the server is a real
-agent relaying to the Kubernetes API stand-in (the e2e ``tunnel`` fixture).
+agent relaying to the Kubernetes API stand-in (the e2e ``tunnel`` fixture);
+a second, read-only agent answers uploads before reading their body.
 """
 
 from __future__ import annotations
@@ -14,21 +15,28 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from protocol import kinds
 from protocol.http import RequestHead, encode_response_head
 from tests.e2e import test_kubectl_tunnel as kubectl_e2e
 from tests.e2e.test_kubectl_tunnel import Tunnel
-from tunnel_mux import MuxStream
+from tunnel_agent.kubeapi import KubeApi, load_kube_configuration
+from tunnel_agent.kubeproxy import KubeProxy
+from tunnel_agent.policy import ProxyPolicy
+from tunnel_agent.router import StreamRouter
+from tunnel_mux import MuxStream, Session
 from tunnel_pki.tls import client_context, server_context
+from tunnel_server import frontdoor
 from tunnel_server.app import FRONT_DOORS
 from tunnel_server.frontdoor import FrontDoor, FrontDoors
 from tunnel_server.http1 import MAX_HEAD, chunk
+from tunnel_server.store.base import StoreError, User
 
 from ..integration.harness import RunningServer, agent_settings, running_agent
 from ..support import until
@@ -239,6 +247,35 @@ async def test_a_request_pipelined_right_after_a_body_is_answered(tunnel: Tunnel
         assert fetched.json()["data"] == {"a": "1"}
 
 
+async def test_heads_sent_one_byte_per_write_over_tls_are_answered(tunnel: Tunnel) -> None:
+    """The head's end is searched in what came since the last read, across read boundaries."""
+    tunnel.stub.add_pod("second")
+    async with caller(tunnel.server) as connection:
+        # The longer head first: the search must start over for the next one.
+        for name, padding in (("demo", ("X-Pad: " + "p" * 300,)), ("second", ())):
+            data = get(tunnel, f"{PODS}/{name}", *padding)
+            for sent in range(1, len(data)):
+                connection.send(data[sent - 1 : sent])
+                await connection.writer.drain()
+                # White box: each byte was read apart (its own data_received).
+                await until(holds(tunnel.server, sent), max_turns=10**6)
+            connection.send(data[-1:])
+            reply = await connection.reply()
+            assert reply.status == 200
+            assert reply.json()["metadata"]["name"] == name
+        assert len(doors(tunnel.server).open) == 1  # served by the front door throughout
+
+
+def holds(server: RunningServer, count: int) -> Callable[[], bool]:
+    """Whether the one open front door holds ``count`` bytes of a head (white box)."""
+
+    def condition() -> bool:
+        # The server may not have finished its TLS handshake when the first byte goes.
+        return [len(door._buffer) for door in doors(server).open] == [count]
+
+    return condition
+
+
 # ---------------------------------------------------------- response framing
 
 
@@ -383,6 +420,50 @@ async def test_a_complete_head_over_64_kib_is_answered_431_and_closed(
         assert reply.status == 431
         assert await connection.closed()
     assert_closed_as_designed(caplog)
+
+
+async def test_a_head_between_32_and_64_kib_is_answered_431_not_503(tunnel: Tunnel) -> None:
+    """Too large for the tunnel's OPEN frame (32 KiB), not for the front door (64 KiB)."""
+    async with caller(tunnel.server) as connection:
+        connection.send(get(tunnel, f"{PODS}/demo", "X-Fill: " + "a" * 40 * 1024))
+        reply = await connection.reply()
+        assert_status_object(reply, 431, "RequestHeaderFieldsTooLarge")
+        assert reply.header("retry-after") is None  # the same request fails the same way
+    assert not [e for e in tunnel.stub.requests if e.path.endswith("/pods/demo")]
+
+
+async def test_a_utf8_header_value_reaches_the_api_server_intact(tunnel: Tunnel) -> None:
+    """kubectl --as=josé: the API server sees tunnel:josé, not its bytes read as latin-1."""
+    status, answer = await tunnel.server.api(
+        "PUT", "/api/v1/grants/alice/prod-eu", {"impersonate": True}
+    )
+    assert status == 200, answer
+    async with caller(tunnel.server) as connection:
+        connection.send(get(tunnel, f"{PODS}/demo", "Impersonate-User: josé"))
+        reply = await connection.reply()
+        assert reply.status == 200, reply.body[:300]
+    (seen,) = [e for e in tunnel.stub.requests if e.path.endswith("/pods/demo")]
+    assert seen.header("Impersonate-User") == "tunnel:josé"
+
+
+async def test_a_header_value_that_is_not_utf8_is_answered_400_and_closed(
+    tunnel: Tunnel,
+) -> None:
+    status, answer = await tunnel.server.api(
+        "PUT", "/api/v1/grants/alice/prod-eu", {"impersonate": True}
+    )
+    assert status == 200, answer
+    utf8 = get(tunnel, f"{PODS}/demo", "Impersonate-User: josé")
+    latin1 = utf8.replace("é".encode(), b"\xe9")
+    assert latin1 != utf8
+    async with caller(tunnel.server) as connection:
+        connection.send(latin1)
+        reply = await connection.reply()
+        assert reply.status == 400
+        assert reply.header("connection") == "close"
+        assert b"UTF-8" in reply.body
+        assert await connection.closed()
+    assert not [e for e in tunnel.stub.requests if e.path.endswith("/pods/demo")]
 
 
 # ------------------------------------------------------------- handing over
@@ -560,8 +641,12 @@ async def test_no_token_is_answered_401_as_a_status_and_the_connection_kept(
         assert (await connection.reply()).status == 200
 
 
-async def test_a_refusal_before_the_whole_body_came_announces_the_close(tunnel: Tunnel) -> None:
+async def test_a_refusal_before_the_whole_body_came_announces_the_close(
+    tunnel: Tunnel, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The rest of the body is still on the wire: the server closes, and says so."""
+    # The caller never sends the rest: do not wait out the whole linger.
+    monkeypatch.setattr(frontdoor, "LINGER_SECONDS", 0.2)
     async with caller(tunnel.server) as connection:
         connection.send(
             f"POST {PREFIX}/api/v1/namespaces/default/configmaps HTTP/1.1\r\n"
@@ -582,6 +667,25 @@ async def test_a_cluster_without_a_grant_is_answered_403(tunnel: Tunnel) -> None
         assert "alice" in reply.json()["message"]
 
 
+async def test_a_store_failure_while_authenticating_is_answered_503_and_the_connection_kept(
+    tunnel: Tunnel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def unreadable(token: str) -> User | None:
+        raise StoreError("the state store is locked")
+
+    monkeypatch.setattr(tunnel.server.context.access, "user_for_token", unreadable)
+    async with caller(tunnel.server) as connection:
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        refused = await connection.reply()
+        assert_status_object(refused, 503, "ServiceUnavailable")
+        assert refused.header("retry-after") == "1"
+        assert refused.header("connection") is None
+        # The store is back: the same connection serves the next request.
+        monkeypatch.undo()
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        assert (await connection.reply()).json()["metadata"]["name"] == "demo"
+
+
 async def test_an_offline_agent_is_answered_503_with_retry_after_promptly(tunnel: Tunnel) -> None:
     await tunnel.server.add_cluster("offline")
     await grant_alice(tunnel.server, "offline")
@@ -593,6 +697,135 @@ async def test_an_offline_agent_is_answered_503_with_retry_after_promptly(tunnel
         assert_status_object(reply, 503, "ServiceUnavailable")
         assert reply.header("retry-after") == "1"
         assert elapsed < 2.0  # no waiting for an agent that may never come
+
+
+# ------------------------------------------------- answers before the body
+
+
+#: An upload larger than a stream's window (1 MiB): the server's upload blocks
+#: on credit the agent, which answered without reading, never returns.
+LARGE_BODY = b"x" * (4 * 1024 * 1024)
+#: Requests per test: a stream left open by each would add up.
+UPLOADS = 5
+
+
+@dataclass
+class ReadOnlyCluster:
+    """A cluster granted to alice whose agent refuses writes before reading their body."""
+
+    prefix: str
+    server_session: Session
+    agent_session: Session
+
+    def open_streams(self) -> tuple[int, int, int, int]:
+        """Streams open on the server's and the agent's sessions (and their protocols)."""
+        return (
+            self.server_session.streams,
+            self.server_session.connection.open_streams,
+            self.agent_session.streams,
+            self.agent_session.connection.open_streams,
+        )
+
+
+@pytest.fixture
+async def read_only(tunnel: Tunnel, tmp_path: Path) -> AsyncIterator[ReadOnlyCluster]:
+    """A real agent with ``ProxyPolicy(read_only=True)`` before the stand-in API server."""
+    bootstrap = await tunnel.server.add_cluster("frozen")
+    await grant_alice(tunnel.server, "frozen")
+    api = KubeApi(
+        await load_kube_configuration(tunnel.stub.write_kubeconfig(tmp_path / "frozen.kc"))
+    )
+    proxy = KubeProxy(api, ProxyPolicy(read_only=True))
+    router = StreamRouter()
+    router.add(kinds.STREAM_HTTP, proxy.handle)
+    settings = agent_settings(tunnel.server, "frozen", bootstrap, tmp_path / "frozen-creds")
+    try:
+        async with running_agent(settings, on_stream=router) as agent:
+            await agent.wait_connected()
+            connection = tunnel.server.context.registry.get("frozen")
+            assert connection is not None
+            assert agent.agent.session is not None
+            yield ReadOnlyCluster("/k8s/clusters/frozen", connection.session, agent.agent.session)
+    finally:
+        await proxy.close()
+        await api.close()
+
+
+def upload_head(cluster: ReadOnlyCluster, tunnel: Tunnel, *headers: str) -> bytes:
+    """The head of a configmap create on ``cluster``, blank line included."""
+    head, _, _ = request(
+        "POST",
+        f"{cluster.prefix}/api/v1/namespaces/default/configmaps",
+        tunnel.alice_token,
+        "Content-Type: application/json",
+        *headers,
+    ).partition(b"\r\n\r\n")
+    return head + b"\r\n\r\n"
+
+
+def assert_refused_as_read_only(reply: Reply) -> None:
+    """The agent's refusal, whole: its Status parses and names the policy."""
+    assert_status_object(reply, 403, "Forbidden")
+    assert "read-only" in reply.json()["message"]
+
+
+async def test_front_door_uploads_answered_before_their_body_leave_no_stream_open(
+    tunnel: Tunnel, read_only: ReadOnlyCluster
+) -> None:
+    assert read_only.open_streams() == (0, 0, 0, 0)
+    length = f"Content-Length: {len(LARGE_BODY)}"
+    for _ in range(UPLOADS):
+        async with caller(tunnel.server) as connection:
+            connection.send(upload_head(read_only, tunnel, length) + LARGE_BODY)
+            assert_refused_as_read_only(await connection.reply())
+            assert len(doors(tunnel.server).open) == 1  # the front door served it
+    await until(lambda: read_only.open_streams() == (0, 0, 0, 0), max_turns=10**6)
+
+
+async def test_aiohttp_uploads_answered_before_their_body_leave_no_stream_open(
+    tunnel: Tunnel, read_only: ReadOnlyCluster
+) -> None:
+    """A chunked body goes to aiohttp's route: its upload, cut short, resets the stream too."""
+    assert read_only.open_streams() == (0, 0, 0, 0)
+    for _ in range(UPLOADS):
+        async with caller(tunnel.server) as connection:
+            connection.send(
+                upload_head(read_only, tunnel, "Transfer-Encoding: chunked")
+                + chunk(LARGE_BODY)
+                + b"0\r\n\r\n"
+            )
+            assert_refused_as_read_only(await connection.reply())
+            assert doors(tunnel.server).open == set()  # aiohttp served it
+    await until(lambda: read_only.open_streams() == (0, 0, 0, 0), max_turns=10**6)
+
+
+async def test_an_early_answer_says_close_and_the_connection_closes_after_the_body(
+    tunnel: Tunnel, read_only: ReadOnlyCluster
+) -> None:
+    """The caller, still sending, reads the whole answer: no reset; the close comes at the end."""
+    length = f"Content-Length: {len(LARGE_BODY)}"
+    first, rest = LARGE_BODY[: 1024 * 1024], LARGE_BODY[1024 * 1024 :]
+    async with caller(tunnel.server) as connection:
+        connection.send(upload_head(read_only, tunnel, length) + first)
+        refused = await connection.reply()
+        assert_refused_as_read_only(refused)
+        assert refused.header("connection") == "close"
+        (door,) = doors(tunnel.server).open
+        # The caller goes on with its body, as a client that writes before it reads.
+        piece = 256 * 1024
+        for offset in range(0, len(rest) - 1, piece):
+            connection.send(rest[offset : min(offset + piece, len(rest) - 1)])
+            await connection.writer.drain()
+        # White box: all but the body's last byte came, and the server still
+        # holds the connection open (it closes at the body's end, not before).
+        await until(lambda: door._body is not None and door._body.remaining == 1, max_turns=10**6)
+        assert door in doors(tunnel.server).open
+        assert door._transport is not None
+        assert not door._transport.is_closing()
+        connection.send(rest[-1:])
+        await connection.writer.drain()
+        assert await connection.closed()  # EOF, nothing more, no reset
+    await until(lambda: read_only.open_streams() == (0, 0, 0, 0), max_turns=10**6)
 
 
 # ------------------------------------------------------------------- watches
@@ -725,6 +958,40 @@ async def test_stop_server_closes_open_front_door_connections(tunnel: Tunnel) ->
         assert await idle.closed()
         assert await partial.closed()
         await stopping
+
+
+async def test_stop_server_aborts_a_connection_whose_caller_does_not_read(
+    tunnel: Tunnel,
+) -> None:
+    """The response waits on the caller; the stop does not (the caller sees the end)."""
+    line = "y" * 3_000
+    lines = 10_000  # the stand-in's log bound: 30 MB, more than the sockets hold
+    tunnel.stub.append_log("default", "demo", "\n".join([line] * lines))
+    connection = await connect(tunnel.server)
+    try:
+        connection.send(get(tunnel, f"{PODS}/demo/log"))
+        head = await asyncio.wait_for(connection.reader.readuntil(b"\r\n\r\n"), ANSWER_TIMEOUT)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        (door,) = doors(tunnel.server).open
+        # White box: the caller's socket is full; the response waits on it.
+        await until(lambda: door._writing_paused, max_turns=10**7)
+        stopping = asyncio.create_task(tunnel.server.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=ANSWER_TIMEOUT)
+        if stopping not in done:
+            # End the stop from the caller's side: a server left half stopped
+            # would hang the rest of the run instead of failing this test.
+            connection.writer.transport.abort()
+            await stopping
+            pytest.fail("the server's stop waited on a caller that does not read")
+        stopping.result()
+        assert doors(tunnel.server).open == set()
+        received = 0
+        with contextlib.suppress(ConnectionError):
+            while data := await asyncio.wait_for(connection.reader.read(1 << 20), ANSWER_TIMEOUT):
+                received += len(data)
+        assert received < lines * (len(line) + 1)  # cut short: EOF or a reset, not the whole log
+    finally:
+        await connection.close()
 
 
 # ----------------------------------------------- answers the agent gets wrong

@@ -1,0 +1,108 @@
+"""The lean front end's FrontDoor alone, on a fake transport: what no socket shows exactly."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from tunnel_server.frontdoor import FrontDoor, FrontDoors
+
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+class FakeTransport(asyncio.Transport):
+    """A plain (not TLS) transport that records what is done to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.protocol: asyncio.BaseProtocol | None = None
+        self.written = bytearray()
+        self.closing = False
+        self.reading = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self.protocol is not None
+        return self.protocol
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def abort(self) -> None:
+        self.closing = True
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+
+    def is_reading(self) -> bool:
+        return self.reading
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+class FakeAiohttp(asyncio.Protocol):
+    """Stands for aiohttp's protocol: records the calls it gets, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.received = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.calls.append("connection_made")
+
+    def pause_writing(self) -> None:
+        self.calls.append("pause_writing")
+
+    def resume_writing(self) -> None:
+        self.calls.append("resume_writing")
+
+    def data_received(self, data: bytes) -> None:
+        self.calls.append("data_received")
+        self.received += data
+
+
+def front_door() -> tuple[FrontDoor, FakeTransport, FakeAiohttp, FrontDoors]:
+    """A FrontDoor connected to a fake transport; its hand-over target is a FakeAiohttp."""
+    aiohttp = FakeAiohttp()
+    doors = FrontDoors()
+    door = FrontDoor(web.Application(), lambda: aiohttp, doors)
+    transport = FakeTransport()
+    door.connection_made(transport)
+    return door, transport, aiohttp, doors
+
+
+async def test_a_connection_handed_over_while_writes_are_paused_pauses_aiohttps_protocol() -> None:
+    """The transport will call resume_writing() on aiohttp's protocol: it must know it paused."""
+    door, transport, aiohttp, doors = front_door()
+    door.pause_writing()
+    door.data_received(HEALTHZ)
+    assert transport.protocol is aiohttp
+    assert doors.open == set()
+    # Paused before it gets the request: it must not write into a full transport.
+    assert aiohttp.calls == ["connection_made", "pause_writing", "data_received"]
+    assert bytes(aiohttp.received) == HEALTHZ
+
+
+async def test_a_connection_handed_over_after_writes_resumed_does_not_pause_aiohttps_protocol() -> (
+    None
+):
+    door, transport, aiohttp, _ = front_door()
+    door.pause_writing()
+    door.resume_writing()
+    door.data_received(HEALTHZ)
+    assert transport.protocol is aiohttp
+    assert aiohttp.calls == ["connection_made", "data_received"]
