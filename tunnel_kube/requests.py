@@ -66,6 +66,9 @@ def parse_api_request(method: str, target: str) -> ApiRequest:
     watch_prefix = rest[0] == "watch"
     if watch_prefix:
         rest = rest[1:]
+        if not rest:
+            # /api/v1/watch alone names nothing (the API server refuses it).
+            return ApiRequest(verb=lower, is_resource=False, path=path)
     namespace = ""
     if len(rest) >= 2 and rest[0] == "namespaces":
         # /namespaces/NS/RESOURCE/... is namespaced; /namespaces/NS alone is

@@ -90,7 +90,9 @@ def test_resource_requests_are_classified(
     )
 
 
-@pytest.mark.parametrize("target", ["/", "/api", "/apis/apps", "/version", "/openapi/v2?x=1"])
+@pytest.mark.parametrize(
+    "target", ["/", "/api", "/apis/apps", "/version", "/openapi/v2?x=1", "/api/v1/watch"]
+)
 def test_non_resource_requests_keep_the_lower_case_method(target: str) -> None:
     request = parse_api_request("GET", target)
     assert not request.is_resource
@@ -99,7 +101,7 @@ def test_non_resource_requests_keep_the_lower_case_method(target: str) -> None:
 
 
 def _former_parse(method: str, target: str) -> ApiRequest:
-    """The former implementation, on urlsplit and parse_qs: the reference."""
+    """The former implementation, on urlsplit and parse_qs (with the /watch fix): the reference."""
     split = urlsplit(target)
     path = split.path
     parts = [unquote(part) for part in path.strip("/").split("/")] if path.strip("/") else []
@@ -115,6 +117,9 @@ def _former_parse(method: str, target: str) -> ApiRequest:
     watch_prefix = rest[0] == "watch"
     if watch_prefix:
         rest = rest[1:]
+        if not rest:
+            # /api/v1/watch alone names nothing (the API server refuses it).
+            return ApiRequest(verb=lower, is_resource=False, path=path)
     namespace = ""
     if len(rest) >= 2 and rest[0] == "namespaces":
         namespace = rest[1]
