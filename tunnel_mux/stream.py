@@ -59,6 +59,11 @@ class MuxStream:
         return self._eof and not self._chunks
 
     @property
+    def read_ready(self) -> bool:
+        """True if :meth:`read` would answer without waiting (data, the end, or an error)."""
+        return bool(self._chunks) or self._eof or self._error is not None
+
+    @property
     def error(self) -> SessionError | None:
         """Why the stream failed, if it did."""
         return self._error

@@ -63,6 +63,10 @@ BODY_HIGH_WATER = 256 * 1024
 #: the body is read and dropped before the connection closes (closing with
 #: unread bytes makes the kernel send a reset that can destroy the answer).
 LINGER_SECONDS = 5.0
+#: Bytes of an answer gathered before they are written to the caller's socket.
+OUTPUT_FLUSH = 64 * 1024
+#: Gathered parts up to this size are joined into one write.
+JOIN_LIMIT = 16 * 1024
 
 
 class FrontDoors:
@@ -309,7 +313,11 @@ class FrontDoor(asyncio.Protocol):
             self._keep_alive = False  # answered before the body came: see _request_done
         if not self._keep_alive:
             headers.append(("connection", "close"))
-        self._write(response_head(response.status, response.reason, headers))
+        # What is ready goes out in one write (one TLS record, one system call
+        # for a small answer: head, body and last chunk); it is flushed before
+        # waiting for the agent and whenever 64 KiB are pending.
+        out = _Output(self)
+        out.add(response_head(response.status, response.reason, headers))
         remaining = framing.length
         chunked = remaining is None
         try:
@@ -318,12 +326,14 @@ class FrontDoor(asyncio.Protocol):
                 if data:
                     exchange.bytes_out += len(data)
                     if remaining is None:
-                        self._write(chunk(data))
+                        out.add(chunk(data))
                     else:
                         if len(data) > remaining:
                             raise SessionError("the agent sent more than its Content-Length")
                         remaining -= len(data)
-                        self._write(data)
+                        out.add(data)
+                if not stream.read_ready or out.size >= OUTPUT_FLUSH:
+                    out.flush()
                     if self._writing_paused:
                         await self._drain()
                 data = await stream.read()
@@ -334,13 +344,17 @@ class FrontDoor(asyncio.Protocol):
             # without the last chunk, so the client sees the break (kubectl
             # get -w exits with an error; informers list and watch again).
             logger.info("response cut short: %s", exc, extra={"cluster": exchange.cluster})
+            out.flush()
             self._abort()
             return
         if remaining:
             logger.info("the agent's answer ended short of its Content-Length")
+            out.flush()
             self._abort()
-        elif chunked:
-            self._write(LAST_CHUNK)
+            return
+        if chunked:
+            out.add(LAST_CHUNK)
+        out.flush()
 
     # ------------------------------------------------------------ helpers
 
@@ -349,6 +363,12 @@ class FrontDoor(asyncio.Protocol):
         if self._lost:
             raise ConnectionResetError("the caller went away")
         self._transport.write(data)
+
+    def _writelines(self, parts: list[bytes]) -> None:
+        assert self._transport is not None
+        if self._lost:
+            raise ConnectionResetError("the caller went away")
+        self._transport.writelines(parts)
 
     async def _drain(self) -> None:
         if self._lost:
@@ -487,6 +507,32 @@ class _RequestBody:
         if self._size <= BODY_HIGH_WATER // 2 and self.remaining:
             self._resume()
         return data
+
+
+class _Output:
+    """Bytes for the caller gathered to go out together."""
+
+    def __init__(self, door: FrontDoor) -> None:
+        self._door = door
+        self._parts: list[bytes] = []
+        self.size = 0
+
+    def add(self, data: bytes) -> None:
+        self._parts.append(data)
+        self.size += len(data)
+
+    def flush(self) -> None:
+        parts = self._parts
+        if not parts:
+            return
+        if len(parts) == 1:
+            self._door._write(parts[0])
+        elif self.size <= JOIN_LIMIT:
+            self._door._write(b"".join(parts))  # one TLS record, one system call
+        else:
+            self._door._writelines(parts)  # bulk: not copied once more
+        self._parts = []
+        self.size = 0
 
 
 @dataclass(slots=True)

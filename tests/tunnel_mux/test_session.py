@@ -203,3 +203,20 @@ async def test_silent_peer_is_detected_by_keepalive() -> None:
         await stream.read()
     await run
     assert server.close_reason is not None
+
+
+async def test_read_ready_says_whether_read_would_answer_at_once() -> None:
+    async def send_then_end(stream: MuxStream) -> None:
+        await stream.write(b"hello")
+        await stream.read()  # until the opener ends its side
+        stream.end()
+
+    async with session_pair(send_then_end) as pair:
+        stream = pair.server.open_stream("http")
+        assert not stream.read_ready  # nothing came yet: read() would wait
+        await until(lambda: stream.read_ready, max_turns=10_000)
+        assert await stream.read() == b"hello"
+        assert not stream.read_ready
+        stream.end()
+        await until(lambda: stream.read_ready, max_turns=10_000)  # the end came
+        assert await stream.read() == b""

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tunnel_server.frontdoor import FrontDoor, FrontDoors
+from tunnel_server.frontdoor import JOIN_LIMIT, FrontDoor, FrontDoors, _Output
 
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -19,6 +19,8 @@ class FakeTransport(asyncio.Transport):
         super().__init__()
         self.protocol: asyncio.BaseProtocol | None = None
         self.written = bytearray()
+        #: Each write() as bytes, each writelines() as its list of parts.
+        self.writes: list[bytes | list[bytes]] = []
         self.closing = False
         self.reading = True
 
@@ -43,6 +45,12 @@ class FakeTransport(asyncio.Transport):
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written += data
+        self.writes.append(bytes(data))
+
+    def writelines(self, list_of_data: Any) -> None:
+        parts = [bytes(part) for part in list_of_data]
+        self.written += b"".join(parts)
+        self.writes.append(parts)
 
     def is_reading(self) -> bool:
         return self.reading
@@ -106,3 +114,34 @@ async def test_a_connection_handed_over_after_writes_resumed_does_not_pause_aioh
     door.data_received(HEALTHZ)
     assert transport.protocol is aiohttp
     assert aiohttp.calls == ["connection_made", "data_received"]
+
+
+async def test_a_small_answer_gathered_goes_out_in_one_write() -> None:
+    """Head, body and last chunk: one TLS record and one system call, not three."""
+    door, transport, _, _ = front_door()
+    out = _Output(door)
+    for part in (b"HTTP/1.1 200 OK\r\n\r\n", b"5\r\nhello\r\n", b"0\r\n\r\n"):
+        out.add(part)
+    out.flush()
+    assert transport.writes == [b"HTTP/1.1 200 OK\r\n\r\n5\r\nhello\r\n0\r\n\r\n"]
+    assert out.size == 0
+    out.flush()  # nothing pending: nothing written
+    assert len(transport.writes) == 1
+
+
+async def test_large_gathered_parts_are_written_without_joining_them() -> None:
+    door, transport, _, _ = front_door()
+    out = _Output(door)
+    parts = [b"h" * 100, b"x" * JOIN_LIMIT]
+    for part in parts:
+        out.add(part)
+    out.flush()
+    assert transport.writes == [parts]
+
+
+async def test_a_single_gathered_part_is_written_as_it_is() -> None:
+    door, transport, _, _ = front_door()
+    out = _Output(door)
+    out.add(b"x" * (2 * JOIN_LIMIT))
+    out.flush()
+    assert transport.writes == [b"x" * (2 * JOIN_LIMIT)]
