@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -31,6 +30,7 @@ from protocol.http import METHODS, ResponseHead, ResponseHeadParser
 from tunnel_mux import MuxStream, SessionError
 
 from .context import CONTEXT
+from .frontdoor_buffers import AnswerOutput, RequestBody
 from .http1 import (
     LAST_CHUNK,
     MAX_HEAD,
@@ -49,6 +49,7 @@ from .proxyrequest import (
     finish,
     kube_status_body,
     open_relay,
+    upload,
 )
 
 __all__ = ["KEEPALIVE_TIMEOUT", "FrontDoor", "FrontDoors"]
@@ -57,16 +58,12 @@ logger = logging.getLogger(__name__)
 
 #: An idle caller connection (or one slow to send its head) is closed after this.
 KEEPALIVE_TIMEOUT = 75.0
-#: Request body bytes held for the agent before the caller's socket is paused.
-BODY_HIGH_WATER = 256 * 1024
 #: After an answer that came before its request's body, how long the rest of
 #: the body is read and dropped before the connection closes (closing with
 #: unread bytes makes the kernel send a reset that can destroy the answer).
 LINGER_SECONDS = 5.0
 #: Bytes of an answer gathered before they are written to the caller's socket.
 OUTPUT_FLUSH = 64 * 1024
-#: Gathered parts up to this size are joined into one write.
-JOIN_LIMIT = 16 * 1024
 
 
 class FrontDoors:
@@ -108,7 +105,7 @@ class FrontDoor(asyncio.Protocol):
         #: How much of the buffer is known to hold no complete head.
         self._scanned = 0
         self._task: asyncio.Task[None] | None = None
-        self._body: _RequestBody | None = None
+        self._body: RequestBody | None = None
         self._reading_paused = False
         self._writing_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
@@ -219,9 +216,9 @@ class FrontDoor(asyncio.Protocol):
         rest = bytes(memoryview(self._buffer)[end + 4 :])
         self._buffer.clear()
         self._scanned = 0
-        body: _RequestBody | None = None
+        body: RequestBody | None = None
         if request.content_length:
-            body = self._body = _RequestBody(
+            body = self._body = RequestBody(
                 request.content_length, self._pause_reading, self._resume_reading
             )
             rest = body.feed(rest)
@@ -255,7 +252,7 @@ class FrontDoor(asyncio.Protocol):
         if self._buffer:
             self._next_request()
 
-    async def _serve(self, request: CallerRequest, cluster: str, body: _RequestBody | None) -> None:
+    async def _serve(self, request: CallerRequest, cluster: str, body: RequestBody | None) -> None:
         context = self._app[CONTEXT]
         exchange = ProxyExchange(cluster=cluster, method=request.method)
         stream: MuxStream | None = None
@@ -271,7 +268,7 @@ class FrontDoor(asyncio.Protocol):
                 has_body=body is not None,
             )
             if body is not None:
-                uploader = self._loop.create_task(_upload(body, stream, exchange))
+                uploader = self._loop.create_task(upload(body.read, stream, exchange))
             response, early = await _response_head(stream, exchange)
             framing = _framing(request, response)
             head_sent = True
@@ -316,7 +313,7 @@ class FrontDoor(asyncio.Protocol):
         # What is ready goes out in one write (one TLS record, one system call
         # for a small answer: head, body and last chunk); it is flushed before
         # waiting for the agent and whenever 64 KiB are pending.
-        out = _Output(self)
+        out = AnswerOutput(self._write, self._writelines)
         out.add(response_head(response.status, response.reason, headers))
         remaining = framing.length
         chunked = remaining is None
@@ -447,94 +444,6 @@ class FrontDoor(asyncio.Protocol):
             self._idle_timer = None
 
 
-class _RequestBody:
-    """The body of the request in progress, on its way to the agent, bounded."""
-
-    def __init__(self, length: int, pause: Callable[[], None], resume: Callable[[], None]) -> None:
-        self.remaining = length
-        self._chunks: deque[bytes] = deque()
-        self._size = 0
-        self._pause = pause
-        self._resume = resume
-        self._more = asyncio.Event()
-        self._failed = False
-        self._on_discarded: Callable[[], object] | None = None
-
-    @property
-    def complete(self) -> bool:
-        """Every byte of the body was received from the caller."""
-        return self.remaining == 0
-
-    def feed(self, data: bytes) -> bytes:
-        """Take the body's part of ``data``; return what follows it."""
-        if not data or self.remaining == 0:
-            return data
-        taken = data[: self.remaining]
-        self.remaining -= len(taken)
-        if self._on_discarded is not None:
-            if self.remaining == 0:
-                self._on_discarded()
-            return data[len(taken) :]
-        self._chunks.append(taken)
-        self._size += len(taken)
-        self._more.set()
-        if self._size > BODY_HIGH_WATER and self.remaining:
-            self._pause()
-        return data[len(taken) :]
-
-    def fail(self) -> None:
-        """The caller went away: a reader waiting for more hears of it."""
-        self._failed = True
-        self._more.set()
-
-    def discard(self, on_complete: Callable[[], object]) -> None:
-        """Drop what is held and what comes; call ``on_complete`` at the body's end."""
-        self._chunks.clear()
-        self._size = 0
-        self._on_discarded = on_complete
-
-    async def read(self) -> bytes:
-        """The next part of the body, b"" at its end; ConnectionError if the caller left."""
-        while not self._chunks:
-            if self._failed:
-                raise ConnectionResetError("the caller went away")
-            if self.remaining == 0:
-                return b""
-            self._more.clear()
-            await self._more.wait()
-        data = self._chunks.popleft()
-        self._size -= len(data)
-        if self._size <= BODY_HIGH_WATER // 2 and self.remaining:
-            self._resume()
-        return data
-
-
-class _Output:
-    """Bytes for the caller gathered to go out together."""
-
-    def __init__(self, door: FrontDoor) -> None:
-        self._door = door
-        self._parts: list[bytes] = []
-        self.size = 0
-
-    def add(self, data: bytes) -> None:
-        self._parts.append(data)
-        self.size += len(data)
-
-    def flush(self) -> None:
-        parts = self._parts
-        if not parts:
-            return
-        if len(parts) == 1:
-            self._door._write(parts[0])
-        elif self.size <= JOIN_LIMIT:
-            self._door._write(b"".join(parts))  # one TLS record, one system call
-        else:
-            self._door._writelines(parts)  # bulk: not copied once more
-        self._parts = []
-        self.size = 0
-
-
 @dataclass(slots=True)
 class _Framing:
     """How an answer's body goes to the caller."""
@@ -582,21 +491,3 @@ async def _response_head(stream: MuxStream, exchange: ProxyExchange) -> tuple[Re
                 raise ProxyRefusal(502, "BadGateway", "the agent answered a plain request with 1xx")
             exchange.status = parser.head.status
             return parser.head, early
-
-
-async def _upload(body: _RequestBody, stream: MuxStream, exchange: ProxyExchange) -> None:
-    """Stream the caller's request body to the agent."""
-    try:
-        while data := await body.read():
-            exchange.bytes_in += len(data)
-            await stream.write(data)
-        stream.end()
-    except SessionError:
-        pass  # the response side reports it
-    except ConnectionError:
-        stream.reset()
-    except asyncio.CancelledError:
-        # Answered before the whole body went: the stream would stay half
-        # open on both sides (the agent stopped reading it). End it.
-        stream.reset()
-        raise

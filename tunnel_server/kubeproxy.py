@@ -30,6 +30,7 @@ from .proxyrequest import (
     finish,
     kube_status_body,
     open_relay,
+    upload,
 )
 
 __all__ = ["PROXY_ROUTE", "kube_status", "setup_kube_proxy"]
@@ -74,7 +75,7 @@ async def _exchange(
     parser = ResponseHeadParser()
     uploader: asyncio.Task[None] | None = None
     if has_body and not upgrade:
-        uploader = asyncio.create_task(_upload(request, stream, exchange))
+        uploader = asyncio.create_task(upload(request.content.readany, stream, exchange))
     try:
         body = b""
         while parser.head is None:
@@ -130,24 +131,6 @@ async def _exchange(
         if uploader is not None:
             uploader.cancel()
             await asyncio.gather(uploader, return_exceptions=True)
-
-
-async def _upload(request: web.Request, stream: MuxStream, exchange: ProxyExchange) -> None:
-    """Stream the caller's request body to the agent."""
-    try:
-        while chunk := await request.content.readany():
-            exchange.bytes_in += len(chunk)
-            await stream.write(chunk)
-        stream.end()
-    except SessionError:
-        pass  # the download side reports it
-    except ConnectionError:
-        stream.reset()
-    except asyncio.CancelledError:
-        # Answered before the whole body went: the stream would stay half
-        # open on both sides (the agent stopped reading it). End it.
-        stream.reset()
-        raise
 
 
 async def _relay_upgraded(

@@ -11,10 +11,11 @@ identity and open the ``http`` stream on the cluster's agent session, and
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from protocol import kinds
@@ -39,6 +40,7 @@ __all__ = [
     "impersonation_headers",
     "kube_status_body",
     "open_relay",
+    "upload",
     "upstream_path",
 ]
 
@@ -282,3 +284,23 @@ def _caller_impersonation(
     if not any(name == "impersonate-user" for name, _ in headers):
         raise ProxyRefusal(403, "Forbidden", "Impersonate-Group needs Impersonate-User")
     return headers
+
+
+async def upload(
+    read: Callable[[], Awaitable[bytes]], stream: MuxStream, exchange: ProxyExchange
+) -> None:
+    """Stream the caller's request body (``read`` gives its parts, b"" at its end) to the agent."""
+    try:
+        while data := await read():
+            exchange.bytes_in += len(data)
+            await stream.write(data)
+        stream.end()
+    except SessionError:
+        pass  # the response side reports it
+    except ConnectionError:
+        stream.reset()  # the caller went away
+    except asyncio.CancelledError:
+        # Answered before the whole body went: the stream would stay half
+        # open on both sides (the agent stopped reading it). End it.
+        stream.reset()
+        raise

@@ -7,7 +7,8 @@ from typing import Any
 
 from aiohttp import web
 
-from tunnel_server.frontdoor import JOIN_LIMIT, FrontDoor, FrontDoors, _Output
+from tunnel_server.frontdoor import FrontDoor, FrontDoors
+from tunnel_server.frontdoor_buffers import JOIN_LIMIT, AnswerOutput
 
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -118,8 +119,8 @@ async def test_a_connection_handed_over_after_writes_resumed_does_not_pause_aioh
 
 async def test_a_small_answer_gathered_goes_out_in_one_write() -> None:
     """Head, body and last chunk: one TLS record and one system call, not three."""
-    door, transport, _, _ = front_door()
-    out = _Output(door)
+    transport = FakeTransport()
+    out = AnswerOutput(transport.write, transport.writelines)
     for part in (b"HTTP/1.1 200 OK\r\n\r\n", b"5\r\nhello\r\n", b"0\r\n\r\n"):
         out.add(part)
     out.flush()
@@ -130,8 +131,8 @@ async def test_a_small_answer_gathered_goes_out_in_one_write() -> None:
 
 
 async def test_large_gathered_parts_are_written_without_joining_them() -> None:
-    door, transport, _, _ = front_door()
-    out = _Output(door)
+    transport = FakeTransport()
+    out = AnswerOutput(transport.write, transport.writelines)
     parts = [b"h" * 100, b"x" * JOIN_LIMIT]
     for part in parts:
         out.add(part)
@@ -140,8 +141,8 @@ async def test_large_gathered_parts_are_written_without_joining_them() -> None:
 
 
 async def test_a_single_gathered_part_is_written_as_it_is() -> None:
-    door, transport, _, _ = front_door()
-    out = _Output(door)
+    transport = FakeTransport()
+    out = AnswerOutput(transport.write, transport.writelines)
     out.add(b"x" * (2 * JOIN_LIMIT))
     out.flush()
     assert transport.writes == [b"x" * (2 * JOIN_LIMIT)]
