@@ -1,0 +1,162 @@
+"""Helpers of the front door's tests: raw HTTP/1.1 callers over TLS, and checks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_kubectl_tunnel import Tunnel
+from tunnel_pki.tls import client_context
+from tunnel_server.app import FRONT_DOORS
+from tunnel_server.frontdoor import FrontDoors
+
+from ..integration.harness import RunningServer
+
+PREFIX = "/k8s/clusters/prod-eu"
+PODS = f"{PREFIX}/api/v1/namespaces/default/pods"
+#: Bound on waiting for an answer that should come at once (a hang fails by name).
+ANSWER_TIMEOUT = 10.0
+
+
+@dataclass
+class Reply:
+    """One response as it came over the wire (a chunked body decoded)."""
+
+    status: int
+    reason: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        values = [value for key, value in self.headers if key == name]
+        assert len(values) <= 1, f"{name} appears {len(values)} times"
+        return values[0] if values else None
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Caller:
+    """A raw HTTP/1.1 client on one TLS connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    def send(self, *requests: bytes) -> None:
+        """Write ``requests`` in one write (several make a pipeline)."""
+        self.writer.write(b"".join(requests))
+
+    async def reply(self, *, head: bool = False, version: str = "HTTP/1.1") -> Reply:
+        """Read one response (``head``: the answer to a HEAD request, which has no body)."""
+        return await asyncio.wait_for(self._reply(head, version), ANSWER_TIMEOUT)
+
+    async def _reply(self, head: bool, expected_version: str) -> Reply:
+        raw = await self.reader.readuntil(b"\r\n\r\n")
+        status_line, *lines = raw[:-4].decode("latin-1").split("\r\n")
+        version, status, reason = status_line.split(" ", 2)
+        assert version == expected_version, status_line
+        headers = []
+        for line in lines:
+            name, _, value = line.partition(":")
+            headers.append((name.lower(), value.strip()))
+        reply = Reply(int(status), reason, headers, b"")
+        if head or reply.status in (204, 304):
+            return reply
+        encoding = reply.header("transfer-encoding")
+        length = reply.header("content-length")
+        if encoding is not None:
+            assert encoding == "chunked", encoding
+            assert length is None, "both Content-Length and Transfer-Encoding"
+            body = bytearray()
+            while True:
+                size_line = await self.reader.readuntil(b"\r\n")
+                size = int(size_line[:-2], 16)  # strict: no extensions expected
+                data = await self.reader.readexactly(size + 2)
+                assert data.endswith(b"\r\n"), "a chunk not followed by CRLF"
+                if size == 0:
+                    assert data == b"\r\n", "trailers after the last chunk"
+                    break
+                body += data[:-2]
+            reply.body = bytes(body)
+        elif length is not None:
+            reply.body = await self.reader.readexactly(int(length))
+        else:
+            reply.body = await self.reader.read()
+        return reply
+
+    async def closed(self) -> bool:
+        """Wait for the server to end the connection; True if it sent nothing more first."""
+        return await asyncio.wait_for(self.reader.read(), ANSWER_TIMEOUT) == b""
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            await self.writer.wait_closed()
+
+
+async def connect(server: RunningServer, port: int | None = None) -> Caller:
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", port or server.port, ssl=client_context(server.ca_pem)
+    )
+    return Caller(reader, writer)
+
+
+@contextlib.asynccontextmanager
+async def caller(server: RunningServer, port: int | None = None) -> AsyncIterator[Caller]:
+    connection = await connect(server, port)
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+def request(
+    method: str,
+    target: str,
+    token: str | None,
+    *headers: str,
+    body: bytes | None = None,
+) -> bytes:
+    """A request's bytes: Host, the bearer token (if any), ``headers``, the body."""
+    lines = [f"{method} {target} HTTP/1.1", "Host: 127.0.0.1"]
+    if token is not None:
+        lines.append(f"Authorization: Bearer {token}")
+    lines.extend(headers)
+    if body is not None:
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
+
+
+def get(tunnel: Tunnel, target: str, *headers: str) -> bytes:
+    return request("GET", target, tunnel.alice_token, *headers)
+
+
+def doors(server: RunningServer) -> FrontDoors:
+    return server.runner.app[FRONT_DOORS]
+
+
+def assert_status_object(reply: Reply, code: int, reason: str) -> None:
+    """The answer is a Kubernetes Status with ``code``, as kubectl expects."""
+    assert reply.status == code
+    assert reply.header("content-type") == "application/json"
+    status = reply.json()
+    assert (status["kind"], status["apiVersion"], status["status"]) == ("Status", "v1", "Failure")
+    assert (status["code"], status["reason"]) == (code, reason)
+
+
+def assert_closed_as_designed(caplog: pytest.LogCaptureFixture) -> None:
+    """No error was logged: the connection was closed, not torn down by a failing protocol."""
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def grant_alice(server: RunningServer, cluster: str) -> None:
+    status, answer = await server.api("PUT", f"/api/v1/grants/alice/{cluster}", {})
+    assert status == 200, answer
