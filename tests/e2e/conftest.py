@@ -1,4 +1,6 @@
-"""Every end-to-end test runs twice: on asyncio's event loop and on uvloop's.
+"""The end-to-end tests that drive the server and agent in this process run twice:
+on asyncio's event loop and on uvloop's (test_cli_e2e.py starts the real
+commands, which pick uvloop themselves).
 
 The commands run on uvloop when it is installed (tunnel_cli.eventloop), and
 uvloop's transports and servers are not subclasses of asyncio's: code that
@@ -20,3 +22,11 @@ def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # On uvloop a test that fails with a handle left open can hang inside
+    # loop.close() (a ResourceWarning raised as an error there), where the
+    # default signal-based timeout cannot reach: the thread method ends the run
+    # with every stack printed instead of hanging it.
+    item.add_marker(pytest.mark.timeout(120, method="thread"))

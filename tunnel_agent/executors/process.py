@@ -20,6 +20,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -88,10 +89,13 @@ async def run_process(
     over ``stdout_limit``; re-raises cancellation after stopping the group.
     """
     loop = asyncio.get_running_loop()
-    # The pipes are ours, not asyncio's: on Python 3.11 ``Process.wait()``
+    # The channels are ours, not asyncio's: on Python 3.11 ``Process.wait()``
     # waits for its own pipes to close, which a descendant can hold open.
-    out_read, out_write = os.pipe()
-    err_read, err_write = os.pipe()
+    # Socket pairs rather than os.pipe(): uvloop closes a pipe's descriptor
+    # and then the file object wrapping it again (uvloop issue 763), which can
+    # close a file another thread opened in between; a socket it detaches.
+    out_read, out_write = socket.socketpair()
+    err_read, err_write = socket.socketpair()
     unowned = [out_read, err_read]
     transports: list[asyncio.BaseTransport] = []
     try:
@@ -99,8 +103,8 @@ async def run_process(
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=out_write,
-                stderr=err_write,
+                stdout=out_write.fileno(),
+                stderr=err_write.fileno(),
                 cwd=cwd,
                 env=environment,
                 start_new_session=True,
@@ -108,8 +112,8 @@ async def run_process(
         except OSError as exc:
             raise ProcessError(f"cannot start {Path(argv[0]).name}: {exc.strerror}") from exc
         finally:
-            os.close(out_write)
-            os.close(err_write)
+            out_write.close()
+            err_write.close()
         stdout = await _reader(loop, out_read, unowned, transports)
         stderr = await _reader(loop, err_read, unowned, transports)
         captured = bytearray()
@@ -144,8 +148,8 @@ async def run_process(
     finally:
         for transport in transports:
             transport.close()
-        for descriptor in unowned:
-            os.close(descriptor)
+        for channel in unowned:
+            channel.close()
     if len(captured) > stdout_limit:
         raise ProcessError(f"{Path(argv[0]).name} wrote more than {stdout_limit} bytes of output")
     assert process.returncode is not None
@@ -154,21 +158,20 @@ async def run_process(
 
 async def _reader(
     loop: asyncio.AbstractEventLoop,
-    descriptor: int,
-    unowned: list[int],
+    channel: socket.socket,
+    unowned: list[socket.socket],
     transports: list[asyncio.BaseTransport],
 ) -> asyncio.StreamReader:
-    """A stream reading the pipe ``descriptor``, which it then owns."""
+    """A stream reading ``channel`` (the child's end writes), which the transport then owns."""
     reader = asyncio.StreamReader(limit=_CHUNK)
-    # Wrapping a descriptor does no I/O; the transport closes the file.
-    pipe = open(descriptor, "rb", buffering=0)  # noqa: ASYNC230, SIM115
-    unowned.remove(descriptor)
+    channel.shutdown(socket.SHUT_WR)  # nothing goes to the child this way
+    unowned.remove(channel)
     try:
         transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), pipe
+            lambda: asyncio.StreamReaderProtocol(reader), channel
         )
     except BaseException:
-        pipe.close()
+        channel.close()
         raise
     transports.append(transport)
     return reader
