@@ -277,6 +277,10 @@ async def test_agent_loss_ends_a_watch_promptly_and_requests_work_after_it_retur
 ) -> None:
     watch = await tunnel.kubectl.start("get", "pods", "-w", "--no-headers")
     assert (await watch.line()).split()[0] == "demo"
+    # The first line comes from kubectl's LIST; its WATCH follows. Drop the
+    # agent only once the watch is open upstream: a WATCH sent after the agent
+    # is back would go through the new session and never break.
+    await until(lambda: tunnel.stub.store.watcher_count >= 1, max_turns=10**7)
     session = tunnel.agent.agent.session
     assert session is not None
     started = time.monotonic()
