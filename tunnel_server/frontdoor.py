@@ -27,6 +27,7 @@ from aiohttp import web
 
 from protocol.errors import MalformedFrameError
 from protocol.http import METHODS, ResponseHead, ResponseHeadParser
+from tunnel_kube import status_body
 from tunnel_mux import MuxStream, SessionError
 
 from .context import CONTEXT
@@ -47,7 +48,6 @@ from .proxyrequest import (
     ProxyRefusal,
     cluster_of,
     finish,
-    kube_status_body,
     open_relay,
     upload,
 )
@@ -384,7 +384,7 @@ class FrontDoor(asyncio.Protocol):
     def _answer_status(self, refusal: ProxyRefusal) -> None:
         if self._body is not None and not self._body.complete:
             self._keep_alive = False  # the rest of the body is still on its way
-        body = kube_status_body(refusal.code, refusal.reason, refusal.message)
+        body = status_body(refusal.code, refusal.reason, refusal.message)
         headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
         if refusal.code == 503:
             headers.append(("retry-after", "1"))

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from protocol.errors import MalformedFrameError
 from protocol.http import ResponseHeadParser
+from tunnel_kube import status_body
 from tunnel_mux import MuxStream, SessionError
 from tunnel_mux.upgraded import UpgradedReader
 
@@ -28,7 +29,6 @@ from .proxyrequest import (
     ProxyExchange,
     ProxyRefusal,
     finish,
-    kube_status_body,
     open_relay,
     upload,
 )
@@ -197,7 +197,7 @@ def _upgrade_of(request: web.Request) -> str | None:
 def kube_status(code: int, reason: str, message: str) -> web.Response:
     """A ``metav1.Status`` failure, as the API server would answer."""
     response = web.Response(
-        status=code, body=kube_status_body(code, reason, message), content_type="application/json"
+        status=code, body=status_body(code, reason, message), content_type="application/json"
     )
     if code == 503:
         response.headers["Retry-After"] = "1"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from protocol import kinds
 from protocol.errors import HeaderTooLargeError, LocalProtocolError
 from protocol.http import RequestHead
-from tunnel_kube import parse_api_request, status_body
+from tunnel_kube import parse_api_request
 from tunnel_mux import MuxStream, SessionError
 
 from .auth import parse_bearer
@@ -38,7 +38,6 @@ __all__ = [
     "finish",
     "forwarded_headers",
     "impersonation_headers",
-    "kube_status_body",
     "open_relay",
     "upload",
     "upstream_path",
@@ -98,11 +97,6 @@ class ProxyExchange:
     status: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
-
-
-def kube_status_body(code: int, reason: str, message: str) -> bytes:
-    """A ``metav1.Status`` failure, as the API server would answer."""
-    return status_body(code, reason, message)
 
 
 def impersonation_headers(user: User, grant: Grant) -> list[tuple[str, str]]:
