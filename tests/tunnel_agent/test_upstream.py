@@ -16,6 +16,7 @@ from ..support import until
 from .upstream_origin import (
     Exchange,
     body_of,
+    first_answered_only,
     ok,
     pool_for,
     read_all,
@@ -113,13 +114,7 @@ async def test_a_stale_pooled_connection_is_retried_once_on_a_fresh_one() -> Non
 
 
 async def test_a_request_is_retried_once_only() -> None:
-    async def answer_first_only(exchange: Exchange) -> None:
-        if len(origin.exchanges) == 1:
-            await ok(exchange)
-        else:
-            exchange.keep = False
-
-    async with running(answer_first_only) as origin, pool_for(origin.url) as pool:
+    async with running(first_answered_only()) as origin, pool_for(origin.url) as pool:
         await read_all(pool, "GET", "/a")
         with pytest.raises(UpstreamError, match="closed the connection without answering"):
             await pool.request("GET", "/b", [])
@@ -131,13 +126,7 @@ async def test_a_request_is_retried_once_only() -> None:
 
 
 async def test_a_stale_connection_is_not_retried_once_body_bytes_were_read() -> None:
-    async def answer_first_only(exchange: Exchange) -> None:
-        if len(origin.exchanges) == 1:
-            await ok(exchange)
-        else:
-            exchange.keep = False
-
-    async with running(answer_first_only) as origin, pool_for(origin.url) as pool:
+    async with running(first_answered_only()) as origin, pool_for(origin.url) as pool:
         await read_all(pool, "GET", "/a")
         with pytest.raises(UpstreamError, match="without answering"):
             await pool.request("POST", "/b", [("content-length", "4")], body_of(b"data"))
@@ -153,13 +142,7 @@ async def test_a_stale_connection_is_not_retried_for_a_request_that_is_not_idemp
 ) -> None:
     """Without a body the API server may have acted on it before it closed."""
 
-    async def answer_first_only(exchange: Exchange) -> None:
-        if len(origin.exchanges) == 1:
-            await ok(exchange)
-        else:
-            exchange.keep = False
-
-    async with running(answer_first_only) as origin, pool_for(origin.url) as pool:
+    async with running(first_answered_only()) as origin, pool_for(origin.url) as pool:
         await read_all(pool, "GET", "/a")
         with pytest.raises(UpstreamError, match="without answering"):
             await pool.request(method, "/b", [])
@@ -167,13 +150,7 @@ async def test_a_stale_connection_is_not_retried_for_a_request_that_is_not_idemp
 
 
 async def test_a_stale_connection_is_not_retried_once_an_empty_chunked_body_was_ended() -> None:
-    async def answer_first_only(exchange: Exchange) -> None:
-        if len(origin.exchanges) == 1:
-            await ok(exchange)
-        else:
-            exchange.keep = False
-
-    async with running(answer_first_only) as origin, pool_for(origin.url) as pool:
+    async with running(first_answered_only()) as origin, pool_for(origin.url) as pool:
         await read_all(pool, "GET", "/a")
         with pytest.raises(UpstreamError, match="without answering"):
             await pool.request("POST", "/b", [], body_of())

@@ -181,6 +181,21 @@ async def ok(exchange: Exchange) -> None:
     exchange.write(response_bytes(f"{exchange.method} {exchange.target}".encode()))
 
 
+def first_answered_only() -> Answer:
+    """Answers the origin's first request; every later one has its connection closed unanswered."""
+    answered = False
+
+    async def answer(exchange: Exchange) -> None:
+        nonlocal answered
+        if answered:
+            exchange.keep = False
+        else:
+            answered = True
+            await ok(exchange)
+
+    return answer
+
+
 def body_of(*chunks: bytes) -> BodyReader:
     """A request body that comes in these chunks."""
     pending = deque(chunks)
