@@ -36,7 +36,6 @@ from tunnel_agent.policy import ProxyPolicy
 from tunnel_agent.router import StreamRouter
 from tunnel_cli import EVENT_LOOPS, freeze_startup_objects, run_main
 
-from .proxy_patches import AGENT_PATCHES, apply
 from .proxy_server import experiment_limits
 
 __all__ = ["main"]
@@ -91,13 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--log-level", default="WARNING", help="log level")
     parser.add_argument("--initial-window", type=int, default=0, help="experiment: stream credit")
     parser.add_argument("--max-frame-size", type=int, default=0, help="experiment: largest frame")
-    parser.add_argument(
-        "--patch", action="append", default=[], choices=AGENT_PATCHES, help="proposed change"
-    )
     parser.add_argument("--event-loop", default="auto", choices=list(EVENT_LOOPS))
     args = parser.parse_args(argv)
     args.ca_pem = Path(args.ca).read_bytes()
-    apply(args.patch)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -10,8 +10,6 @@ from pathlib import Path
 
 from tunnel_cli import EVENT_LOOPS
 
-from .proxy_patches import AGENT_PATCHES, SERVER_PATCHES
-
 MIB = 1024 * 1024
 
 
@@ -100,13 +98,6 @@ def parser() -> argparse.ArgumentParser:
         default=0,
         metavar="BYTES",
         help="experiment: largest DATA frame both sides accept (default 64 KiB)",
-    )
-    parser.add_argument(
-        "--patch",
-        action="append",
-        default=[],
-        choices=sorted({*SERVER_PATCHES, *AGENT_PATCHES}),
-        help="experiment: apply a proposed product change at run time (bench/proxy_patches.py)",
     )
     parser.add_argument(
         "--event-loop",

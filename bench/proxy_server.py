@@ -1,11 +1,10 @@
-"""An experiment: ``tunnel-server serve`` with other protocol limits, or a proposed patch.
+"""An experiment: ``tunnel-server serve`` with other protocol limits.
 
-The benchmark runs the real ``tunnel-server`` script. With ``--window``,
-``--frame-size`` or ``--patch`` it runs this instead: the same parser,
-settings and :func:`tunnel_server.app.run_server`, with the agent sockets'
-announced :class:`protocol.Limits` changed (per-stream credit, connection
-credit and largest frame) and the patches of :mod:`bench.proxy_patches`
-applied, to see what the defaults cost and what a proposal would gain.
+The benchmark runs the real ``tunnel-server`` script. With ``--window`` or
+``--frame-size`` it runs this instead: the same parser, settings and
+:func:`tunnel_server.app.run_server`, with the agent sockets' announced
+:class:`protocol.Limits` changed (per-stream credit, connection credit and
+largest frame), to see what the defaults cost.
 
     python -m bench.proxy_server --initial-window BYTES --max-frame-size BYTES -- serve ...
 """
@@ -21,8 +20,6 @@ from protocol import Limits
 from tunnel_cli import configure_logging, run_main
 from tunnel_server.app import run_server
 from tunnel_server.cli import build_parser, settings_from_args
-
-from .proxy_patches import SERVER_PATCHES, apply
 
 __all__ = ["experiment_limits", "main"]
 
@@ -41,12 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.proxy_server", description=__doc__)
     parser.add_argument("--initial-window", type=int, default=0, help="per-stream credit")
     parser.add_argument("--max-frame-size", type=int, default=0, help="largest DATA frame")
-    parser.add_argument(
-        "--patch", action="append", default=[], choices=SERVER_PATCHES, help="proposed change"
-    )
     parser.add_argument("serve", nargs=argparse.REMAINDER, help="-- then tunnel-server arguments")
     args = parser.parse_args(argv)
-    apply(args.patch)
     serve = args.serve[1:] if args.serve[:1] == ["--"] else args.serve
     server_args = build_parser().parse_args(serve)
     configure_logging(server_args.log_format, server_args.log_level)

@@ -28,7 +28,6 @@ import aiohttp
 from tunnel_pki.tls import client_context
 
 from .procs import REPO, BenchError, Children, free_port, wait_port
-from .proxy_patches import AGENT_PATCHES, SERVER_PATCHES
 from .proxy_upstream import POD_PATH
 
 __all__ = [
@@ -124,26 +123,25 @@ async def start_upstream(children: Children, cert: Path, key: Path) -> Upstream:
 
 @dataclass(frozen=True, slots=True)
 class Experiment:
-    """Other protocol limits (0: default), proposed patches (:mod:`bench.proxy_patches`)
-    and the event loop of the server and the agent (``--event-loop``: auto takes uvloop)."""
+    """Other protocol limits (0: default), and the event loop of the server and the agent
+    (``--event-loop``: auto takes uvloop)."""
 
     initial_window: int = 0
     max_frame_size: int = 0
-    patches: tuple[str, ...] = ()
     event_loop: str = "auto"
 
     @property
     def active(self) -> bool:
-        return bool(self.initial_window or self.max_frame_size or self.patches)
+        return bool(self.initial_window or self.max_frame_size)
 
-    def flags(self, side: tuple[str, ...]) -> list[str]:
-        """The flags of bench.proxy_server or bench.proxy_agent (``side``: its patches)."""
-        window, frame = str(self.initial_window), str(self.max_frame_size)
-        flags = ["--initial-window", window, "--max-frame-size", frame]
-        for patch in self.patches:
-            if patch in side:
-                flags += ["--patch", patch]
-        return flags
+    def flags(self) -> list[str]:
+        """The flags of bench.proxy_server or bench.proxy_agent."""
+        return [
+            "--initial-window",
+            str(self.initial_window),
+            "--max-frame-size",
+            str(self.max_frame_size),
+        ]
 
 
 def _server_argv(state: Path, port: int, log_level: str, experiment: Experiment) -> list[str]:
@@ -151,8 +149,7 @@ def _server_argv(state: Path, port: int, log_level: str, experiment: Experiment)
     serve += ["--shutdown-grace", "1s", "--log-level", log_level]
     serve += ["--event-loop", experiment.event_loop]
     if experiment.active:
-        flags = experiment.flags(SERVER_PATCHES)
-        return [sys.executable, "-m", "bench.proxy_server", *flags, "--", *serve]
+        return [sys.executable, "-m", "bench.proxy_server", *experiment.flags(), "--", *serve]
     script = Path(sys.executable).parent / "tunnel-server"
     if script.exists():
         return [str(script), *serve]
@@ -227,7 +224,7 @@ async def start_agent(
         argv += ["--ca", str(state / "ca.crt"), "--cluster", CLUSTER]
         argv += ["--credentials-dir", str(run_dir / "agent-credentials")]
         argv += ["--bootstrap-token", str(cluster["bootstrap_token"]), "--upstream", upstream_url]
-        argv += experiment.flags(AGENT_PATCHES)
+        argv += experiment.flags()
         argv += ["--event-loop", experiment.event_loop]
         agent = await children.start("agent", argv)
         tunnel = Tunnel(server, agent, port, state, str(user["token"]))
