@@ -52,6 +52,7 @@ from .liveness import MAX_OUTSTANDING_PINGS as MAX_OUTSTANDING_PINGS
 from .liveness import Liveness
 from .outbox import MAX_CONTROL_QUEUE as MAX_CONTROL_QUEUE
 from .outbox import Outbox
+from .sharing import SharedCredit
 from .state import ConnectionState, ConnectionStats, Side
 from .streams import TRANSITIONS, Stream, StreamInput, StreamState, next_state
 
@@ -123,7 +124,9 @@ class Connection:
         self._recv_window = self._connection_window
         # Bytes delivered to consumers and not yet acknowledged, all streams.
         self._buffered = 0
-        self._stream_threshold = max(1, self.limits.initial_window // 4)
+        # Stream credit targets: the window, or less while the connection is
+        # shared (docs/protocol.md, "Sharing the connection").
+        self._sharing = SharedCredit(self.limits)
         self._connection_threshold = max(1, self.limits.connection_window // 4)
         self._goaway_sent: int | None = None
         self._goaway_received: int | None = None
@@ -134,6 +137,11 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"<Connection {self.side.value} {self.state.value} streams={len(self._streams)}>"
+
+    @property
+    def min_rtt(self) -> float | None:
+        """Smallest round trip measured so far, in seconds (it sizes shared credit)."""
+        return self._sharing.min_rtt
 
     @property
     def closed(self) -> bool:
@@ -234,6 +242,7 @@ class Connection:
             recv_window=self.limits.initial_window,
         )
         self._streams[stream_id] = stream
+        self._sharing.recent.touch(stream_id, self.stats.bytes_received)
         self._local_open += 1
         self.stats.streams_opened += 1
         if end_stream:
@@ -313,12 +322,13 @@ class Connection:
         self._buffered -= size
         state = stream.state
         if state is StreamState.OPEN or state is StreamState.HALF_CLOSED_LOCAL:
-            stream.consumed += size
-            if stream.consumed >= self._stream_threshold:
-                increment = stream.consumed
-                stream.consumed = 0
-                stream.recv_window += increment
-                self._outbox.control.append((WindowFrame(stream_id, increment), 24))
+            # Top the peer's credit plus the unread bytes up to the target once
+            # they are a quarter of it short (docs/protocol.md, "Flow control").
+            target, threshold = self._sharing.target(stream_id, self.stats.bytes_received)
+            owed = target - stream.recv_window - stream.buffered
+            if owed >= threshold:
+                stream.recv_window += owed
+                self._outbox.control.append((WindowFrame(stream_id, owed), 24))
         if self._connection_window - self._recv_window >= self._connection_threshold:
             self._return_connection_credit()
 

@@ -140,6 +140,7 @@ def _data(conn: Connection, frame: DataFrame, events: list[Event]) -> None:
         )
         conn._return_connection_credit()
         return
+    conn._sharing.recent.touch(stream.id, conn.stats.bytes_received)
     if size:
         stream.recv_window -= size
         stream.buffered += size
@@ -201,6 +202,7 @@ def _open(conn: Connection, frame: OpenFrame, events: list[Event]) -> None:
         recv_window=limits.initial_window,
     )
     conn._streams[stream_id] = stream
+    conn._sharing.recent.touch(stream_id, conn.stats.bytes_received)
     conn._remote_open += 1
     conn.stats.streams_opened += 1
     events.append(StreamOpened(stream_id, frame.kind, frame.headers, frame.end_stream))
@@ -245,6 +247,7 @@ def _pong(conn: Connection, frame: PongFrame, now: float, events: list[Event]) -
     if rtt is None:
         return
     conn.rtt = rtt
+    conn._sharing.rtt_measured(rtt)
     events.append(PongReceived(frame.opaque, rtt))
 
 

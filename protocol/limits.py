@@ -50,6 +50,15 @@ class Limits:
     max_send_buffer_total: bytes this side queues on all streams together; with
         many streams open it, not the per-stream bound, caps the memory held for
         a slow peer (local only, not announced).
+    shared_window: the credit this side keeps a stream near, instead of
+        ``initial_window``, while other streams are active on the connection, so
+        that one transfer's bytes in flight do not queue in front of theirs
+        (local only, not announced; capped at ``initial_window``).
+    shared_span: how long another stream's activity counts as recent, in bytes
+        received on the connection since; 0 never shares (local only).
+    shared_rate: bytes per second a stream keeps while sharing, whatever the
+        round trip: the shared target is at least this rate times the smallest
+        round trip (local only).
     """
 
     max_frame_size: int = 64 * 1024
@@ -59,6 +68,9 @@ class Limits:
     connection_window: int = 16 * 1024 * 1024
     max_send_buffer: int = 1024 * 1024
     max_send_buffer_total: int = 32 * 1024 * 1024
+    shared_window: int = 64 * 1024
+    shared_span: int = 2 * 1024 * 1024
+    shared_rate: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -125,6 +137,12 @@ def _problems(limits: Limits) -> list[str]:
         problems.append("max_send_buffer must be positive")
     if limits.max_send_buffer_total < limits.max_send_buffer:
         problems.append("max_send_buffer_total must be at least max_send_buffer")
+    if limits.shared_window < 1:
+        problems.append("shared_window must be positive")
+    if limits.shared_span < 0:
+        problems.append("shared_span must not be negative")
+    if limits.shared_rate < 1:
+        problems.append("shared_rate must be positive")
     return problems
 
 

@@ -93,7 +93,6 @@ class Stream:
 
     __slots__ = (
         "buffered",
-        "consumed",
         "id",
         "kind",
         "local",
@@ -120,8 +119,6 @@ class Stream:
         self.recv_window = recv_window
         #: Delivered to the consumer, not yet acknowledged.
         self.buffered = 0
-        #: Acknowledged by the consumer, credit not yet returned to the peer.
-        self.consumed = 0
         #: Data waiting for credit and its turn, and whether END follows it.
         self.pending: deque[bytes | memoryview] = deque()
         self.pending_size = 0

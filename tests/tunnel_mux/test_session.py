@@ -220,3 +220,16 @@ async def test_read_ready_says_whether_read_would_answer_at_once() -> None:
         stream.end()
         await until(lambda: stream.read_ready, max_turns=10_000)  # the end came
         assert await stream.read() == b""
+
+
+async def test_each_side_measures_the_round_trip_once_the_handshake_completes() -> None:
+    # Without any PING from the application: the smallest round trip sizes the
+    # credit of streams that share the connection (docs/protocol.md).
+    async with session_pair() as pair:
+        await until(
+            lambda: (
+                pair.client.connection.min_rtt is not None
+                and pair.server.connection.min_rtt is not None
+            ),
+            max_turns=10_000,
+        )
