@@ -322,13 +322,7 @@ class Connection:
         self._buffered -= size
         state = stream.state
         if state is StreamState.OPEN or state is StreamState.HALF_CLOSED_LOCAL:
-            # Top the peer's credit plus the unread bytes up to the target once
-            # they are a quarter of it short (docs/protocol.md, "Flow control").
-            target, threshold = self._sharing.target(stream_id, self.stats.bytes_received)
-            owed = target - stream.recv_window - stream.buffered
-            if owed >= threshold:
-                stream.recv_window += owed
-                self._outbox.control.append((WindowFrame(stream_id, owed), 24))
+            self._return_stream_credit(stream)
         if self._connection_window - self._recv_window >= self._connection_threshold:
             self._return_connection_credit()
 
@@ -459,6 +453,21 @@ class Connection:
         return stream
 
     # ---------------------------------------------------------- flow and ends
+
+    def _return_stream_credit(self, stream: Stream) -> None:
+        # The peer may hold at most the target in credit (what queues ahead of
+        # other streams), and credit plus unread bytes stay within the window
+        # (what this side buffers); credit goes back once a quarter of the
+        # target is owed (docs/protocol.md, "Flow control").
+        sharing = self._sharing
+        target, threshold = sharing.target(stream.id, self.stats.bytes_received)
+        held = stream.recv_window
+        owed = sharing.window - held - stream.buffered
+        if target - held < owed:
+            owed = target - held
+        if owed >= threshold:
+            stream.recv_window = held + owed
+            self._outbox.control.append((WindowFrame(stream.id, owed), 24))
 
     def _return_connection_credit(self) -> None:
         # Credit returns as soon as data is delivered, while the bytes held for

@@ -146,6 +146,10 @@ def _data(conn: Connection, frame: DataFrame, events: list[Event]) -> None:
         stream.buffered += size
         conn._buffered += size
         events.append(DataReceived(stream.id, frame.data))  # type: ignore[arg-type]
+        # A sharing stream's credit may be owed on delivery, before the consumer
+        # reads (docs/protocol.md, "Sharing the connection"); cheap test first.
+        if stream.recv_window < conn._sharing.shared_target and not frame.end_stream:
+            conn._return_stream_credit(stream)
         # Cheap test first: nothing can be owed below the threshold.
         if conn._connection_window - conn._recv_window >= conn._connection_threshold:
             conn._return_connection_credit()

@@ -305,8 +305,10 @@ class Session:
                 self._ready.set_result(event)
             # A first round trip while the connection is idle: the smallest
             # round trip sizes stream credit while streams share the connection
-            # (docs/protocol.md, "Sharing the connection"). Its PONG needs no waiter.
-            self.connection.send_ping(self._clock())
+            # (docs/protocol.md, "Sharing the connection"). Its PONG needs no
+            # waiter. Not if a GOAWAY in the HELLO's message already ended it.
+            if not self.connection.closed:
+                self.connection.send_ping(self._clock())
         elif type(event) is GoAwayReceived and event.code != ErrorCode.NO_ERROR:
             self._end(
                 SessionClosedError(

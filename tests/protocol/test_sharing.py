@@ -97,7 +97,8 @@ def test_the_whole_window_comes_back_after_the_span_without_other_activity() -> 
 
     assert credits[0] == SHARED
     assert credits[-1] == WINDOW
-    assert set(credits) == {SHARED, WINDOW}
+    assert credits.count(SHARED) > 1  # shared until the span had passed
+    assert all(SHARED <= each <= WINDOW for each in credits)
 
 
 def test_a_stream_opened_by_either_side_counts_as_activity() -> None:
@@ -145,7 +146,8 @@ def test_the_shared_target_follows_the_smallest_round_trip() -> None:
     acknowledge_all(client, events)
 
     assert client.min_rtt == pytest.approx(0.002)
-    assert credit(pair, bulk) == int(64 * MIB * 0.002)  # 134 KB in flight keeps 64 MiB/s
+    target = int(64 * MIB * 0.002)  # 134 KB in flight keeps 64 MiB/s
+    assert target - target // 4 < credit(pair, bulk) <= target
 
 
 def test_a_shared_span_of_zero_never_shares() -> None:
@@ -172,13 +174,85 @@ def test_the_shared_window_is_never_above_the_window() -> None:
     assert credit(pair, bulk) == 32 * KIB
 
 
-def test_unanswered_pings_leave_the_round_trip_unmeasured() -> None:
+def test_the_peers_pings_do_not_measure_this_sides_round_trip() -> None:
     client = receiver()
     Pair(client=client)
 
-    feed(client, PingFrame(7))  # the peer's PING measures the peer, not us
+    feed(client, PingFrame(7))  # answered with a PONG, but timed by the peer
 
     assert client.min_rtt is None
+
+
+def alone_for_a_while(pair: Pair, bulk: int) -> None:
+    """Run ``bulk`` past the span with nothing else active: its credit is the window again."""
+    received = 0
+    while received <= SPAN + WINDOW:
+        events = fill(pair, bulk, pair.server.send_window(bulk))
+        received += sum(len(event.data) for event in of_type(events, DataReceived))
+        acknowledge_all(pair.client, events)
+        pair.send(pair.client)
+    assert pair.server.send_window(bulk) == WINDOW
+
+
+def test_data_arriving_on_another_stream_shares_the_connection_again() -> None:
+    pair = Pair(client=receiver())
+    bulk = pair.server.open_stream("http")
+    small = pair.server.open_stream("http")
+    alone_for_a_while(pair, bulk)
+
+    events = fill(pair, small, 100)  # a small answer arrives
+    events += fill(pair, bulk, WINDOW)
+    acknowledge_all(pair.client, events)
+
+    assert credit(pair, bulk) == SHARED
+
+
+def test_a_stream_the_peer_opens_shares_the_connection_again() -> None:
+    pair = Pair(client=receiver())
+    bulk = pair.server.open_stream("http")
+    alone_for_a_while(pair, bulk)
+
+    pair.server.open_stream("http")  # no data on it: being opened is activity
+    events = fill(pair, bulk, WINDOW)
+    acknowledge_all(pair.client, events)
+
+    assert credit(pair, bulk) == SHARED
+
+
+def test_a_consumer_that_reads_whole_messages_is_not_stalled_while_sharing() -> None:
+    # Sharing bounds the credit the peer holds (what queues in front of other
+    # streams), not the bytes delivered and not yet taken: credit goes back on
+    # delivery, so a consumer that acknowledges only whole 200 KiB messages
+    # still gets every byte.
+    pair = Pair(client=receiver())
+    bulk = pair.server.open_stream("http")
+    small = pair.server.open_stream("http")
+    fill(pair, small, 100)
+    total, message = 3 * WINDOW, 200 * KIB
+    pair.server.send_data(bulk, b"y" * WINDOW)
+    queued, delivered, unread = WINDOW, 0, 0
+    held: list[int] = []
+    for _ in range(1000):
+        if queued < total and pair.server.send_capacity(bulk) >= message:
+            pair.server.send_data(bulk, b"y" * message)
+            queued += message
+        pair.server.send_data(small, b"z")  # the small stream stays active
+        events = pair.send(pair.server)
+        received = sum(
+            len(event.data) for event in of_type(events, DataReceived) if event.stream_id == bulk
+        )
+        delivered, unread = delivered + received, unread + received
+        while unread >= message or (delivered == total and unread):
+            taken = min(unread, message)
+            pair.client.acknowledge_data(bulk, taken)
+            unread -= taken
+        pair.send(pair.client)
+        if delivered == total:
+            break
+        held.append(pair.server.send_window(bulk))
+
+    assert delivered == total
+    assert max(held[3:]) <= SHARED  # once the initial window is spent
 
 
 def test_recent_streams_answer_for_every_stream_but_the_one_asked_about() -> None:

@@ -233,3 +233,17 @@ async def test_each_side_measures_the_round_trip_once_the_handshake_completes() 
             ),
             max_turns=10_000,
         )
+
+
+async def test_a_goaway_in_the_hellos_message_ends_the_session_with_the_peers_reason() -> None:
+    # The handshake PING must not be sent on a connection the GOAWAY already ended.
+    peer = Connection(Side.SERVER)
+    peer.goaway(ErrorCode.PROTOCOL_ERROR, "go away at once")
+    [message] = peer.data_to_send()  # HELLO and GOAWAY together
+    client_transport, server_transport = transport_pair()
+    session = Session(client_transport, Connection(Side.CLIENT), label="client")
+    run = asyncio.create_task(session.run())
+    await server_transport.send(message)
+    await run
+    reason = "the peer closed the connection (PROTOCOL_ERROR): go away at once"
+    assert session.close_reason == reason
