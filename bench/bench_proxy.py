@@ -519,7 +519,9 @@ async def _run(args: argparse.Namespace, plan: Plan, run_dir: Path) -> dict[str,
     try:
         async with asyncio.timeout(args.timeout), aiohttp.ClientSession() as http:
             bench = Bench(plan, children, run_dir, http)
-            experiment = Experiment(args.window, args.frame_size, args.event_loop)
+            experiment = Experiment(
+                args.window, args.frame_size, args.event_loop, args.shared_window
+            )
             results["experiment"] = asdict(experiment) if experiment.active else None
             await bench.setup(not args.no_ssh, args.server_log_level, experiment)
             results["ssh_cipher"] = bench.ssh.cipher if bench.ssh is not None else None

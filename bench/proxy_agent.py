@@ -6,7 +6,7 @@ token) rather than a kubeconfig or the in-cluster service account, and there
 is no health endpoint. Everything on the tunnel (the connector, the session,
 the stream router, :class:`tunnel_agent.kubeproxy.KubeProxy` and its pooled
 :class:`tunnel_agent.kubeapi.KubeApi`) is the product's own code.
-``--initial-window`` and ``--max-frame-size`` change the protocol limits it
+``--initial-window``, ``--max-frame-size`` and ``--shared-window`` change the protocol limits it
 announces, for experiments; 0 keeps the default.
 
     python -m bench.proxy_agent --server URL --ca FILE --cluster NAME \\
@@ -59,7 +59,7 @@ async def run(args: argparse.Namespace) -> None:
         bootstrap_token=args.bootstrap_token or None,
         credentials_dir=Path(args.credentials_dir),
         connect=ConnectSettings(
-            limits=experiment_limits(args.initial_window, args.max_frame_size),
+            limits=experiment_limits(args.initial_window, args.max_frame_size, args.shared_window),
             backoff_base=0.2,
             backoff_cap=2.0,
         ),
@@ -90,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--log-level", default="WARNING", help="log level")
     parser.add_argument("--initial-window", type=int, default=0, help="experiment: stream credit")
     parser.add_argument("--max-frame-size", type=int, default=0, help="experiment: largest frame")
+    parser.add_argument(
+        "--shared-window", type=int, default=0, help="experiment: credit while shared"
+    )
     parser.add_argument("--event-loop", default="auto", choices=list(EVENT_LOOPS))
     args = parser.parse_args(argv)
     args.ca_pem = Path(args.ca).read_bytes()

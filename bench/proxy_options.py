@@ -100,6 +100,14 @@ def parser() -> argparse.ArgumentParser:
         help="experiment: largest DATA frame both sides accept (default 64 KiB)",
     )
     parser.add_argument(
+        "--shared-window",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="experiment: credit a stream keeps while others are active (default 64 KiB; "
+        "the --window value or more turns sharing off)",
+    )
+    parser.add_argument(
         "--event-loop",
         default="auto",
         choices=list(EVENT_LOOPS),

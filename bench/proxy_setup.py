@@ -129,10 +129,11 @@ class Experiment:
     initial_window: int = 0
     max_frame_size: int = 0
     event_loop: str = "auto"
+    shared_window: int = 0
 
     @property
     def active(self) -> bool:
-        return bool(self.initial_window or self.max_frame_size)
+        return bool(self.initial_window or self.max_frame_size or self.shared_window)
 
     def flags(self) -> list[str]:
         """The flags of bench.proxy_server or bench.proxy_agent."""
@@ -141,6 +142,8 @@ class Experiment:
             str(self.initial_window),
             "--max-frame-size",
             str(self.max_frame_size),
+            "--shared-window",
+            str(self.shared_window),
         ]
 
 
