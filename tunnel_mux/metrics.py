@@ -74,10 +74,13 @@ class SessionCollector(Collector):
         retired = self._retired
         by_kind: Counter[str] = Counter()
         rtts = []
+        smallest = []
         for session in live:
             by_kind.update(session.stream_kinds())
             if session.connection.rtt is not None:
                 rtts.append(session.connection.rtt)
+            if session.connection.min_rtt is not None:
+                smallest.append(session.connection.min_rtt)
         yield GaugeMetricFamily(f"{p}_sessions", "Sessions open now.", value=len(live))
         streams = GaugeMetricFamily(
             f"{p}_open_streams", "Streams open now, by kind.", labels=["kind"]
@@ -121,3 +124,14 @@ class SessionCollector(Collector):
             rtt.add_metric(["max"], max(rtts))
             rtt.add_metric(["mean"], sum(rtts) / len(rtts))
             yield rtt
+        if smallest:
+            # It sizes a stream's credit while streams share the connection
+            # (docs/protocol.md, "Sharing the connection").
+            least = GaugeMetricFamily(
+                f"{p}_smallest_rtt_seconds",
+                "Smallest ping round trip of each connection (max, mean over connections).",
+                labels=["stat"],
+            )
+            least.add_metric(["max"], max(smallest))
+            least.add_metric(["mean"], sum(smallest) / len(smallest))
+            yield least

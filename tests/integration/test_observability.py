@@ -12,6 +12,7 @@ from tunnel_agent.errors import BootstrapRefusedError
 from tunnel_agent.health import start_health_server
 from tunnel_pki.tls import client_context
 
+from ..support import until
 from .harness import RunningServer, agent_settings, running_agent
 
 
@@ -62,6 +63,9 @@ async def test_agent_metrics_and_fleet_status(server: RunningServer, tmp_path: P
     await server.add_cluster("staging")
     async with running_agent(agent_settings(server, "prod-eu", token, tmp_path / "c")) as running:
         await running.wait_connected()
+        session = running.agent.session
+        assert session is not None
+        await until(lambda: session.connection.min_rtt is not None, max_turns=100_000)
         runner, port = await start_health_server(running.agent, "127.0.0.1", 0)
         try:
             async with (
@@ -74,6 +78,8 @@ async def test_agent_metrics_and_fleet_status(server: RunningServer, tmp_path: P
         assert found[("tunnel_agent_connected", ())] == 1
         assert found[("tunnel_agent_connections_total", ())] == 1
         assert found[("tunnel_agent_sessions", ())] == 1
+        # Measured once the handshake completed: it sizes credit while streams share.
+        assert found[("tunnel_agent_smallest_rtt_seconds", (("stat", "max"),))] > 0
         status, answer = await server.api("GET", "/api/v1/status")
     assert status == 200
     assert answer["clusters"] == {"total": 2, "connected": 1, "disconnected": ["staging"]}
