@@ -17,9 +17,10 @@ one (64 MiB/s over 50 ms is 3.4 MB) it is the whole window: there, bytes in
 flight are on the wire rather than queued, and holding them back would only
 slow the transfer.
 
-"A while" is measured in bytes received on the connection, not in seconds: the
-credit decision is only ever taken while bytes arrive. Nothing here reads a
-clock.
+"A while" is measured in bytes received on the connection, not in seconds, so
+nothing here reads a clock; it also means the span does not expire with idle
+time (the first ``shared_span`` bytes of a download that follows any other
+request are received as shared).
 """
 
 from __future__ import annotations
