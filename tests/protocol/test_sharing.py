@@ -46,6 +46,14 @@ def fill(pair: Pair, stream_id: int, size: int) -> list[Event]:
     return pair.send(pair.server)
 
 
+def shared(pair: Pair) -> tuple[int, int]:
+    """Open a bulk and a small stream; the small one's answer makes the connection shared."""
+    bulk = pair.server.open_stream("http")
+    small = pair.server.open_stream("http")
+    fill(pair, small, 100)
+    return bulk, small
+
+
 def test_a_stream_alone_gets_the_whole_window_back() -> None:
     pair = Pair(client=receiver())
     bulk = pair.server.open_stream("http")
@@ -72,9 +80,7 @@ def test_while_another_stream_is_active_credit_is_topped_up_to_the_shared_window
 
 def test_credit_the_peer_still_holds_is_spent_before_any_more_is_given() -> None:
     pair = Pair(client=receiver())
-    bulk = pair.server.open_stream("http")
-    small = pair.server.open_stream("http")
-    fill(pair, small, 100)
+    bulk, _ = shared(pair)
     events = fill(pair, bulk, WINDOW // 2)  # the peer still holds half a window
 
     acknowledge_all(pair.client, events)
@@ -84,9 +90,7 @@ def test_credit_the_peer_still_holds_is_spent_before_any_more_is_given() -> None
 
 def test_the_whole_window_comes_back_after_the_span_without_other_activity() -> None:
     pair = Pair(client=receiver())
-    bulk = pair.server.open_stream("http")
-    small = pair.server.open_stream("http")
-    fill(pair, small, 100)
+    bulk, _ = shared(pair)
     received = 0
     credits = []
     while received <= SPAN + WINDOW:
@@ -120,9 +124,7 @@ def test_a_long_round_trip_keeps_the_whole_window_while_sharing() -> None:
     opaque = client.send_ping(0.0)
     pair.send(pair.client)
     feed(client, PongFrame(opaque), now=0.050)
-    bulk = pair.server.open_stream("http")
-    small = pair.server.open_stream("http")
-    fill(pair, small, 100)
+    bulk, _ = shared(pair)
     events = fill(pair, bulk, WINDOW)
 
     acknowledge_all(client, events)
@@ -138,9 +140,7 @@ def test_the_shared_target_follows_the_smallest_round_trip() -> None:
         opaque = client.send_ping(sent)
         pair.send(pair.client)
         feed(client, PongFrame(opaque), now=answered)
-    bulk = pair.server.open_stream("http")
-    small = pair.server.open_stream("http")
-    fill(pair, small, 100)
+    bulk, _ = shared(pair)
     events = fill(pair, bulk, WINDOW)
 
     acknowledge_all(client, events)
@@ -225,9 +225,7 @@ def test_a_consumer_that_reads_whole_messages_is_not_stalled_while_sharing() -> 
     # delivery, so a consumer that acknowledges only whole 200 KiB messages
     # still gets every byte.
     pair = Pair(client=receiver())
-    bulk = pair.server.open_stream("http")
-    small = pair.server.open_stream("http")
-    fill(pair, small, 100)
+    bulk, small = shared(pair)
     total, message = 3 * WINDOW, 200 * KIB
     pair.server.send_data(bulk, b"y" * WINDOW)
     queued, delivered, unread = WINDOW, 0, 0
