@@ -54,6 +54,16 @@ def shared(pair: Pair) -> tuple[int, int]:
     return bulk, small
 
 
+def bulk_then_small(pair: Pair, size: int) -> int:
+    """``size`` bytes arrive on a bulk stream, then a small answer; all are acknowledged."""
+    bulk = pair.server.open_stream("http")
+    small = pair.server.open_stream("http")
+    events = fill(pair, bulk, size)
+    events += fill(pair, small, 100)
+    acknowledge_all(pair.client, events)
+    return bulk
+
+
 def test_a_stream_alone_gets_the_whole_window_back() -> None:
     pair = Pair(client=receiver())
     bulk = pair.server.open_stream("http")
@@ -66,12 +76,7 @@ def test_a_stream_alone_gets_the_whole_window_back() -> None:
 
 def test_while_another_stream_is_active_credit_is_topped_up_to_the_shared_window() -> None:
     pair = Pair(client=receiver())
-    bulk = pair.server.open_stream("http")
-    small = pair.server.open_stream("http")
-    events = fill(pair, bulk, WINDOW)
-    events += fill(pair, small, 100)
-
-    acknowledge_all(pair.client, events)
+    bulk = bulk_then_small(pair, WINDOW)
 
     # The bulk stream may have 64 KiB on its way, not a megabyte, so the small
     # stream's next bytes wait behind at most that much.
@@ -152,24 +157,14 @@ def test_the_shared_target_follows_the_smallest_round_trip() -> None:
 
 def test_a_shared_span_of_zero_never_shares() -> None:
     pair = Pair(client=receiver(shared_span=0))
-    bulk = pair.server.open_stream("http")
-    small = pair.server.open_stream("http")
-    events = fill(pair, bulk, WINDOW)
-    events += fill(pair, small, 100)
-
-    acknowledge_all(pair.client, events)
+    bulk = bulk_then_small(pair, WINDOW)
 
     assert credit(pair, bulk) == WINDOW
 
 
 def test_the_shared_window_is_never_above_the_window() -> None:
     pair = Pair(client=receiver(initial_window=32 * KIB))
-    bulk = pair.server.open_stream("http")
-    small = pair.server.open_stream("http")
-    events = fill(pair, bulk, 32 * KIB)
-    events += fill(pair, small, 100)
-
-    acknowledge_all(pair.client, events)
+    bulk = bulk_then_small(pair, 32 * KIB)
 
     assert credit(pair, bulk) == 32 * KIB
 
