@@ -118,20 +118,22 @@ class SessionCollector(Collector):
             value=totals.flow_wait_seconds + retired.flow_wait_seconds,
         )
         if rtts:
-            rtt = GaugeMetricFamily(
-                f"{p}_ping_rtt_seconds", "Latest ping round-trip time (max, mean).", labels=["stat"]
+            yield _max_and_mean(
+                f"{p}_ping_rtt_seconds", "Latest ping round-trip time (max, mean).", rtts
             )
-            rtt.add_metric(["max"], max(rtts))
-            rtt.add_metric(["mean"], sum(rtts) / len(rtts))
-            yield rtt
         if smallest:
             # It sizes a stream's credit while streams share the connection
             # (docs/protocol.md, "Sharing the connection").
-            least = GaugeMetricFamily(
+            yield _max_and_mean(
                 f"{p}_smallest_rtt_seconds",
                 "Smallest ping round trip of each connection (max, mean over connections).",
-                labels=["stat"],
+                smallest,
             )
-            least.add_metric(["max"], max(smallest))
-            least.add_metric(["mean"], sum(smallest) / len(smallest))
-            yield least
+
+
+def _max_and_mean(name: str, documentation: str, values: list[float]) -> GaugeMetricFamily:
+    """A gauge of ``values`` over the live sessions, as ``stat`` max and mean."""
+    gauge = GaugeMetricFamily(name, documentation, labels=["stat"])
+    gauge.add_metric(["max"], max(values))
+    gauge.add_metric(["mean"], sum(values) / len(values))
+    return gauge
