@@ -9,6 +9,11 @@ by each of these paths, all on 127.0.0.1:
   and key), so that the tunnel's own TLS hop has a fair baseline;
 - ``tunnel``: client -> ``tunnel-server serve`` (HTTPS) -> the agent's one
   mTLS WebSocket -> agent (:mod:`bench.proxy_agent`) -> upstream (HTTP);
+- ``py-relay`` (with ``--floor``): the same hops through the cheapest Python
+  relay there is (:mod:`bench.relay_floor`): client -> near end (HTTPS, the
+  tunnel server's certificate) -> one TLS connection dialled out by the far
+  end, bare multiplexing -> far end -> upstream (HTTP); the floor under any
+  Python relay here, whatever its application logic;
 - ``ssh``: client -> sshd -> ``ssh -tt -R`` client -> upstream, HTTP inside
   SSH (Nagle off at both ends, see :mod:`bench.proxy_ssh`);
 - ``ssh -N``: the same with ``ssh -tt -N -R`` (sshd keeps Nagle on).
@@ -58,11 +63,13 @@ from .proxy_profile import Profile, py_spy, record, summarise
 from .proxy_report import report
 from .proxy_setup import (
     Experiment,
+    RelayFloor,
     Tunnel,
     Upstream,
     ensure_tools,
     environment,
     start_agent,
+    start_relay_floor,
     start_server,
     start_upstream,
 )
@@ -104,6 +111,7 @@ class Bench:
         self.script = write_wrk_script(run_dir)
         self.upstream: Upstream | None = None
         self.tunnel: Tunnel | None = None
+        self.floor: RelayFloor | None = None
         self.ssh: SshBaseline | None = None
         self.routes: list[Route] = []
 
@@ -393,7 +401,9 @@ class Bench:
 
     # ----------------------------------------------------------- the run
 
-    async def setup(self, ssh: bool, log_level: str, experiment: Experiment) -> None:
+    async def setup(
+        self, ssh: bool, log_level: str, experiment: Experiment, *, floor: bool = False
+    ) -> None:
         print("starting the tunnel server, the upstream and the agent ...", flush=True)
         state = self.run_dir / "state"
         # The upstream's TLS port serves the tunnel server's certificate: server first.
@@ -414,6 +424,15 @@ class Bench:
                 {"server": [tunnel.server.pid], "agent": [tunnel.agent.pid]},
             ),
         ]
+        if floor:
+            print("starting the relay floor (near end, then far end) ...", flush=True)
+            self.floor = await start_relay_floor(self.children, state, self.upstream.port)
+            self.routes.append(
+                Route(
+                    Target("py-relay", self.floor.url, cafile=tunnel.ca_file),
+                    {"near": [self.floor.near.pid], "far": [self.floor.far.pid]},
+                )
+            )
         if ssh:
             print("starting sshd and the ssh -R clients ...", flush=True)
             self.ssh = await start_ssh(
@@ -523,7 +542,7 @@ async def _run(args: argparse.Namespace, plan: Plan, run_dir: Path) -> dict[str,
                 args.window, args.frame_size, args.event_loop, args.shared_window
             )
             results["experiment"] = asdict(experiment) if experiment.active else None
-            await bench.setup(not args.no_ssh, args.server_log_level, experiment)
+            await bench.setup(not args.no_ssh, args.server_log_level, experiment, floor=args.floor)
             results["ssh_cipher"] = bench.ssh.cipher if bench.ssh is not None else None
             if args.paths:
                 wanted = {"direct", *args.paths.split(",")}

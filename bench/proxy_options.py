@@ -54,6 +54,12 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-ssh", action="store_true", help="skip the OpenSSH baseline")
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles")
     parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure py-relay: the cheapest Python relay over the tunnel's hops "
+        "(bench/relay_floor.py), the floor under any Python relay here",
+    )
+    parser.add_argument(
         "--profile-wall",
         action="store_true",
         help="sample wall-clock time of busy threads rather than the GIL holder",
@@ -66,7 +72,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--paths",
         default="",
-        help="comma-separated paths to measure (direct always is): direct-tls, tunnel, ssh, ssh -N",
+        help="comma-separated paths to measure (direct always is): direct-tls, tunnel, py-relay "
+        "(with --floor), ssh, ssh -N",
     )
     parser.add_argument(
         "--no-install", action="store_true", help="never apt-get install missing tools"

@@ -115,8 +115,8 @@ def report(results: dict[str, Any]) -> str:
         f"  {env['openssh']}, ssh cipher {results.get('ssh_cipher')}; {env['wrk']}; {env['curl']}; "
         f"revision {env['revision']}",
         "  The client (wrk or curl), the tunnel server, the agent, the upstream and sshd/ssh",
-        "  share these cores; nothing is pinned. tunnel and direct-tls include TLS from the",
-        "  client (TLS 1.3); direct and ssh are plain HTTP from the client.",
+        "  share these cores; nothing is pinned. tunnel, py-relay and direct-tls include TLS",
+        "  from the client (TLS 1.3); direct and ssh are plain HTTP from the client.",
         f"  load average at start {_load(results['load_average_at_start'])}, "
         f"at end {_load(results['load_average_at_end'])}",
     ]
@@ -191,6 +191,14 @@ def report(results: dict[str, Any]) -> str:
     )
     lines += table.lines
     lines += ["", *_targets(routes)]
+    if "py-relay" in routes:
+        lines += [
+            "The same two targets for py-relay, the cheapest Python relay over the same hops",
+            "(bench/relay_floor.py: no auth, no HTTP parsing, no per-stream credit, no audit):",
+            *_speed_lines("py-relay", routes),
+            "  (its rows during bulk are no floor: without per-stream credit a download fills the",
+            "  shared buffers and one slow reader stops every stream; not what this route is for)",
+        ]
     lines += ["", "CPU per request at concurrency 1, last round (microseconds, by process):"]
     for name, result in routes.items():
         c1 = result["c1"][-1] if result.get("c1") else None
@@ -230,7 +238,8 @@ def report(results: dict[str, Any]) -> str:
             assert isinstance(item, Profile)
             lines += ["  " + line for line in item.lines()]
     if results.get("run_dir"):
-        lines += ["", f"raw py-spy stacks and logs kept in {results['run_dir']}"]
+        kept = "raw py-spy stacks and logs" if "profile" in tunnel else "logs"
+        lines += ["", f"{kept} kept in {results['run_dir']}"]
     lines += ["", f"command: {results['command']}"]
     return "\n".join(lines)
 
@@ -243,10 +252,11 @@ def _verdict(ok: bool) -> str:
     return "MET" if ok else "MISSED"
 
 
-def _targets(routes: dict[str, dict[str, Any]]) -> list[str]:
-    tunnel, direct = routes.get("tunnel", {}), routes.get("direct", {})
-    lines = ["Targets (tunnel path):"]
-    rate = _get("c64", "rate")(tunnel)
+def _speed_lines(name: str, routes: dict[str, dict[str, Any]]) -> list[str]:
+    """Route ``name`` against the requests/s and added-latency targets."""
+    route, direct = routes.get(name, {}), routes.get("direct", {})
+    lines: list[str] = []
+    rate = _get("c64", "rate")(route)
     for ssh in ("ssh", "ssh -N"):
         ssh_rate = _get("c64", "rate")(routes.get(ssh, {}))
         if rate is not None and ssh_rate:
@@ -255,16 +265,22 @@ def _targets(routes: dict[str, dict[str, Any]]) -> list[str]:
                 f"  c64 requests/s >= {goal:g} x {ssh}: {rate:,.0f} vs {ssh_rate:,.0f} "
                 f"({rate / ssh_rate:.2f}x) -> {_verdict(rate >= goal * ssh_rate)}"
             )
-    tunnel_p50, direct_p50 = _c1("p50")(tunnel), _c1("p50")(direct)
+    route_p50, direct_p50 = _c1("p50")(route), _c1("p50")(direct)
     tls_p50 = _c1("p50")(routes.get("direct-tls", {}))
-    if tunnel_p50 is not None and direct_p50 is not None:
-        added = tunnel_p50 - direct_p50
+    if route_p50 is not None and direct_p50 is not None:
+        added = route_p50 - direct_p50
         goal = TARGETS["added_p50_ms"]
-        extra = f"; {tunnel_p50 - tls_p50:.3f} ms over direct-tls" if tls_p50 is not None else ""
+        extra = f"; {route_p50 - tls_p50:.3f} ms over direct-tls" if tls_p50 is not None else ""
         lines.append(
             f"  c1 p50 added < {goal:g} ms: {added:.3f} ms over direct{extra} "
             f"-> {_verdict(added < goal)}"
         )
+    return lines
+
+
+def _targets(routes: dict[str, dict[str, Any]]) -> list[str]:
+    tunnel = routes.get("tunnel", {})
+    lines = ["Targets (tunnel path):", *_speed_lines("tunnel", routes)]
     bulk = _get("bulk", "mb_per_s")(tunnel)
     if bulk is not None:
         goal = TARGETS["bulk_mb_per_s"]

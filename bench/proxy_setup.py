@@ -6,11 +6,14 @@ admin would; the agent (:mod:`bench.proxy_agent`) bootstraps with the
 cluster's token like a fresh install. The upstream listens on plain HTTP and,
 with the tunnel server's own serving certificate and key, on TLS, so that
 ``direct-tls`` pays for the same handshake and cipher as the tunnel's first hop.
+With ``--floor``, the two ends of :mod:`bench.relay_floor` (the cheapest Python
+relay over the same hops) serve that same certificate too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import platform
 import shutil
@@ -32,11 +35,13 @@ from .proxy_upstream import POD_PATH
 
 __all__ = [
     "Experiment",
+    "RelayFloor",
     "Tunnel",
     "Upstream",
     "ensure_tools",
     "environment",
     "start_agent",
+    "start_relay_floor",
     "start_server",
     "start_upstream",
 ]
@@ -119,6 +124,50 @@ async def start_upstream(children: Children, cert: Path, key: Path) -> Upstream:
     await wait_port(port, process, "the upstream")
     await wait_port(tls_port, process, "the upstream's TLS port")
     return Upstream(process, port, tls_port)
+
+
+@dataclass
+class RelayFloor:
+    """The two ends of :mod:`bench.relay_floor`, and where clients reach the near one."""
+
+    near: asyncio.subprocess.Process
+    far: asyncio.subprocess.Process
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+
+async def start_relay_floor(children: Children, state: Path, upstream_port: int) -> RelayFloor:
+    """Start the near end (the tunnel server's certificate), then the far end dialling it.
+
+    Ready when the near end says the far end has connected.
+    """
+    port, tunnel_port = free_port(), free_port()
+    argv = [sys.executable, "-m", "bench.relay_floor", "near"]
+    argv += ["--listen", f"127.0.0.1:{port}", "--tunnel-listen", f"127.0.0.1:{tunnel_port}"]
+    argv += ["--cert", str(state / "server.crt"), "--key", str(state / "server.key")]
+    near = await children.start("relay-near", argv, stdout=True)
+    await wait_port(port, near, "the relay floor's near end")
+    await wait_port(tunnel_port, near, "the relay floor's tunnel port")
+    argv = [sys.executable, "-m", "bench.relay_floor", "far"]
+    argv += ["--tunnel", f"127.0.0.1:{tunnel_port}", "--ca", str(state / "ca.crt")]
+    argv += ["--upstream", f"127.0.0.1:{upstream_port}"]
+    far = await children.start("relay-far", argv)
+    assert near.stdout is not None
+    deadline = time.monotonic() + 30.0
+    while True:
+        try:
+            line = await asyncio.wait_for(near.stdout.readline(), deadline - time.monotonic())
+        except TimeoutError as exc:
+            raise BenchError("the relay floor's far end did not connect within 30 s") from exc
+        if not line:
+            raise BenchError(
+                f"the relay floor's near end exited (status {near.returncode}); see its log"
+            )
+        if json.loads(line).get("tunnel") == "connected":
+            return RelayFloor(near, far, port)
 
 
 @dataclass(frozen=True, slots=True)
