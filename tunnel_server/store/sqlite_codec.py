@@ -53,6 +53,8 @@ MAX_AUDIT_DETAIL_BYTES = 64 * 1024
 """The largest ``AuditEvent.detail``, as JSON: the trail must not grow without bound."""
 
 _TOKEN_HASH = re.compile(r"[0-9a-f]{64}")
+# What json.dumps(separators=..., allow_nan=False, sort_keys=True) builds on every call.
+_DETAIL_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, sort_keys=True)
 
 
 def utc(value: datetime) -> datetime:
@@ -121,8 +123,10 @@ def encode_detail(detail: dict[str, Any]) -> str:
     """An audit event's detail as compact JSON, of bounded size."""
     if not isinstance(detail, dict):
         raise InvalidValueError("audit detail must be a JSON object (a dict)")
+    if not detail:
+        return "{}"  # every proxied request's event: no encoder run per row
     try:
-        text = json.dumps(detail, separators=(",", ":"), allow_nan=False, sort_keys=True)
+        text = _DETAIL_JSON.encode(detail)
     except (TypeError, ValueError) as exc:
         raise InvalidValueError(f"audit detail must be plain JSON: {exc}") from exc
     if len(text.encode("utf-8")) > MAX_AUDIT_DETAIL_BYTES:
