@@ -14,6 +14,12 @@ by each of these paths, all on 127.0.0.1:
   tunnel server's certificate) -> one TLS connection dialled out by the far
   end, bare multiplexing -> far end -> upstream (HTTP); the floor under any
   Python relay here, whatever its application logic;
+- ``mux-relay`` (with ``--floor``): py-relay with the product's multiplexing
+  layer in place of its bare one (:mod:`bench.mux_floor`): the same hops, but
+  the far end dials a WebSocket (aiohttp) and the two ends run a
+  ``tunnel_mux.Session`` over it, per-stream credit and all, with no HTTP
+  parsing, auth or audit on top; what it adds to py-relay is the multiplexing
+  layer's cost, what the tunnel adds to it the application's;
 - ``ssh``: client -> sshd -> ``ssh -tt -R`` client -> upstream, HTTP inside
   SSH (Nagle off at both ends, see :mod:`bench.proxy_ssh`);
 - ``ssh -N``: the same with ``ssh -tt -N -R`` (sshd keeps Nagle on).
@@ -112,6 +118,7 @@ class Bench:
         self.upstream: Upstream | None = None
         self.tunnel: Tunnel | None = None
         self.floor: RelayFloor | None = None
+        self.mux_floor: RelayFloor | None = None
         self.ssh: SshBaseline | None = None
         self.routes: list[Route] = []
 
@@ -431,6 +438,17 @@ class Bench:
                 Route(
                     Target("py-relay", self.floor.url, cafile=tunnel.ca_file),
                     {"near": [self.floor.near.pid], "far": [self.floor.far.pid]},
+                )
+            )
+            print("starting the mux floor (near end, then far end) ...", flush=True)
+            mux = await start_relay_floor(
+                self.children, state, self.upstream.port, module="bench.mux_floor", label="mux"
+            )
+            self.mux_floor = mux
+            self.routes.append(
+                Route(
+                    Target("mux-relay", mux.url, cafile=tunnel.ca_file),
+                    {"near": [mux.near.pid], "far": [mux.far.pid]},
                 )
             )
         if ssh:

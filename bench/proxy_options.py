@@ -57,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
         "--floor",
         action="store_true",
         help="also measure py-relay: the cheapest Python relay over the tunnel's hops "
-        "(bench/relay_floor.py), the floor under any Python relay here",
+        "(bench/relay_floor.py), the floor under any Python relay here; and mux-relay: "
+        "the same over the product's multiplexing layer (bench/mux_floor.py)",
     )
     parser.add_argument(
         "--profile-wall",
@@ -73,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
         "--paths",
         default="",
         help="comma-separated paths to measure (direct always is): direct-tls, tunnel, py-relay "
-        "(with --floor), ssh, ssh -N",
+        "and mux-relay (with --floor), ssh, ssh -N",
     )
     parser.add_argument(
         "--no-install", action="store_true", help="never apt-get install missing tools"

@@ -115,8 +115,8 @@ def report(results: dict[str, Any]) -> str:
         f"  {env['openssh']}, ssh cipher {results.get('ssh_cipher')}; {env['wrk']}; {env['curl']}; "
         f"revision {env['revision']}",
         "  The client (wrk or curl), the tunnel server, the agent, the upstream and sshd/ssh",
-        "  share these cores; nothing is pinned. tunnel, py-relay and direct-tls include TLS",
-        "  from the client (TLS 1.3); direct and ssh are plain HTTP from the client.",
+        "  share these cores; nothing is pinned. tunnel, py-relay, mux-relay and direct-tls",
+        "  include TLS from the client (TLS 1.3); direct and ssh are plain HTTP from the client.",
         f"  load average at start {_load(results['load_average_at_start'])}, "
         f"at end {_load(results['load_average_at_end'])}",
     ]
@@ -198,6 +198,14 @@ def report(results: dict[str, Any]) -> str:
             *_speed_lines("py-relay", routes),
             "  (its rows during bulk are no floor: without per-stream credit a download fills the",
             "  shared buffers and one slow reader stops every stream; not what this route is for)",
+        ]
+    if "mux-relay" in routes:
+        lines += [
+            "The same two targets for mux-relay, py-relay over the product's multiplexing layer",
+            "(bench/mux_floor.py: tunnel_mux.Session over aiohttp WebSockets, per-stream credit;",
+            "no auth, no HTTP parsing, no audit): mux-relay - py-relay is the layer's cost,",
+            "tunnel - mux-relay the application's:",
+            *_speed_lines("mux-relay", routes),
         ]
     lines += ["", "CPU per request at concurrency 1, last round (microseconds, by process):"]
     for name, result in routes.items():

@@ -7,7 +7,8 @@ cluster's token like a fresh install. The upstream listens on plain HTTP and,
 with the tunnel server's own serving certificate and key, on TLS, so that
 ``direct-tls`` pays for the same handshake and cipher as the tunnel's first hop.
 With ``--floor``, the two ends of :mod:`bench.relay_floor` (the cheapest Python
-relay over the same hops) serve that same certificate too.
+relay over the same hops) serve that same certificate too, and so do those of
+:mod:`bench.mux_floor` (the same relay over the product's multiplexing layer).
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ async def start_upstream(children: Children, cert: Path, key: Path) -> Upstream:
 
 @dataclass
 class RelayFloor:
-    """The two ends of :mod:`bench.relay_floor`, and where clients reach the near one."""
+    """The two ends of a relay floor (:mod:`bench.relay_floor` or :mod:`bench.mux_floor`),
+    and where clients reach the near one."""
 
     near: asyncio.subprocess.Process
     far: asyncio.subprocess.Process
@@ -139,33 +141,41 @@ class RelayFloor:
         return f"https://127.0.0.1:{self.port}"
 
 
-async def start_relay_floor(children: Children, state: Path, upstream_port: int) -> RelayFloor:
+async def start_relay_floor(
+    children: Children,
+    state: Path,
+    upstream_port: int,
+    *,
+    module: str = "bench.relay_floor",
+    label: str = "relay",
+) -> RelayFloor:
     """Start the near end (the tunnel server's certificate), then the far end dialling it.
 
-    Ready when the near end says the far end has connected.
+    ``module`` is :mod:`bench.relay_floor` or :mod:`bench.mux_floor` (their command
+    lines are the same); ``label`` names the logs (``LABEL-near.log``). Ready when the
+    near end says the far end has connected.
     """
+    what = f"the {module.rpartition('.')[2].replace('_', ' ')}"
     port, tunnel_port = free_port(), free_port()
-    argv = [sys.executable, "-m", "bench.relay_floor", "near"]
+    argv = [sys.executable, "-m", module, "near"]
     argv += ["--listen", f"127.0.0.1:{port}", "--tunnel-listen", f"127.0.0.1:{tunnel_port}"]
     argv += ["--cert", str(state / "server.crt"), "--key", str(state / "server.key")]
-    near = await children.start("relay-near", argv, stdout=True)
-    await wait_port(port, near, "the relay floor's near end")
-    await wait_port(tunnel_port, near, "the relay floor's tunnel port")
-    argv = [sys.executable, "-m", "bench.relay_floor", "far"]
+    near = await children.start(f"{label}-near", argv, stdout=True)
+    await wait_port(port, near, f"{what}'s near end")
+    await wait_port(tunnel_port, near, f"{what}'s tunnel port")
+    argv = [sys.executable, "-m", module, "far"]
     argv += ["--tunnel", f"127.0.0.1:{tunnel_port}", "--ca", str(state / "ca.crt")]
     argv += ["--upstream", f"127.0.0.1:{upstream_port}"]
-    far = await children.start("relay-far", argv)
+    far = await children.start(f"{label}-far", argv)
     assert near.stdout is not None
     deadline = time.monotonic() + 30.0
     while True:
         try:
             line = await asyncio.wait_for(near.stdout.readline(), deadline - time.monotonic())
         except TimeoutError as exc:
-            raise BenchError("the relay floor's far end did not connect within 30 s") from exc
+            raise BenchError(f"{what}'s far end did not connect within 30 s") from exc
         if not line:
-            raise BenchError(
-                f"the relay floor's near end exited (status {near.returncode}); see its log"
-            )
+            raise BenchError(f"{what}'s near end exited (status {near.returncode}); see its log")
         if json.loads(line).get("tunnel") == "connected":
             return RelayFloor(near, far, port)
 
