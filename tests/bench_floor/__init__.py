@@ -1,1 +1,1 @@
-"""The relay floor of the proxy benchmark (bench/relay_floor.py), run as processes."""
+"""The two floors of the proxy benchmark (bench/relay_floor.py, bench/mux_floor.py)."""
