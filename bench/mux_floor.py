@@ -47,7 +47,6 @@ nothing per request. Both exit on SIGTERM or SIGINT; ``far`` also exits
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import signal
@@ -63,6 +62,8 @@ from aiohttp import web
 from protocol import Connection, ErrorCode, Keepalive, Limits, Side, TunnelError, kinds
 from tunnel_cli import freeze_startup_objects, run_main
 from tunnel_mux import MuxStream, Session, SessionError, SessionHandlers, WebSocketTransport
+
+from .floor_cli import floor_parser
 
 __all__ = ["KEEPALIVE", "LIMITS", "STREAM_KIND", "Bridge", "far", "main", "near"]
 
@@ -485,29 +486,8 @@ async def far(tunnel: tuple[str, int], ca: str, upstream: tuple[str, int]) -> in
 # ---------------------------------------------------------------------- main
 
 
-def _address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"give HOST:PORT, not {text!r}")
-    return host, int(port)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.mux_floor", description=__doc__)
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    roles = parser.add_subparsers(dest="role", required=True)
-    near_parser = roles.add_parser("near", help="the end clients and the far end connect to")
-    near_parser.add_argument("--listen", type=_address, required=True, help="HOST:PORT, clients")
-    near_parser.add_argument(
-        "--tunnel-listen", type=_address, required=True, help="HOST:PORT, the far end (wss)"
-    )
-    near_parser.add_argument("--cert", required=True, help="PEM certificate (chain), both ports")
-    near_parser.add_argument("--key", required=True, help="PEM key of --cert")
-    far_parser = roles.add_parser("far", help="the end that dials out and reaches the upstream")
-    far_parser.add_argument("--tunnel", type=_address, required=True, help="near's HOST:PORT")
-    far_parser.add_argument("--ca", required=True, help="PEM CA that signed near's certificate")
-    far_parser.add_argument("--upstream", type=_address, required=True, help="HOST:PORT, TCP")
-    args = parser.parse_args(argv)
+    args = floor_parser("python -m bench.mux_floor", __doc__).parse_args(argv)
     if args.role == "near":
         return run_main(near(args.listen, args.tunnel_listen, args.cert, args.key), "uvloop")
     return run_main(far(args.tunnel, args.ca, args.upstream), "uvloop")

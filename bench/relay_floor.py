@@ -44,7 +44,6 @@ also exits (status 1) when the tunnel closes.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import signal
@@ -55,6 +54,8 @@ from collections.abc import Sequence
 from typing import cast
 
 import uvloop
+
+from .floor_cli import floor_parser
 
 __all__ = ["CLOSE", "DATA", "HEADER", "OPEN", "Mux", "Stream", "main"]
 
@@ -341,13 +342,6 @@ class _FarTunnel(Mux):
         self.stop.set()
 
 
-def _address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"give HOST:PORT, not {text!r}")
-    return host, int(port)
-
-
 def _stop_event() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -402,21 +396,7 @@ async def far(tunnel: tuple[str, int], ca: str, upstream: tuple[str, int]) -> in
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.relay_floor", description=__doc__)
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    roles = parser.add_subparsers(dest="role", required=True)
-    near_parser = roles.add_parser("near", help="the end clients and the far end connect to")
-    near_parser.add_argument("--listen", type=_address, required=True, help="HOST:PORT, clients")
-    near_parser.add_argument(
-        "--tunnel-listen", type=_address, required=True, help="HOST:PORT, the far end"
-    )
-    near_parser.add_argument("--cert", required=True, help="PEM certificate (chain), both ports")
-    near_parser.add_argument("--key", required=True, help="PEM key of --cert")
-    far_parser = roles.add_parser("far", help="the end that dials out and reaches the upstream")
-    far_parser.add_argument("--tunnel", type=_address, required=True, help="near's HOST:PORT")
-    far_parser.add_argument("--ca", required=True, help="PEM CA that signed near's certificate")
-    far_parser.add_argument("--upstream", type=_address, required=True, help="HOST:PORT, TCP")
-    args = parser.parse_args(argv)
+    args = floor_parser("python -m bench.relay_floor", __doc__).parse_args(argv)
     if args.role == "near":
         return uvloop.run(near(args.listen, args.tunnel_listen, args.cert, args.key))
     return uvloop.run(far(args.tunnel, args.ca, args.upstream))
