@@ -1,4 +1,5 @@
-"""The command line both floor relays take (:mod:`bench.relay_floor`, :mod:`bench.mux_floor`).
+"""What both floor relays (:mod:`bench.relay_floor`, :mod:`bench.mux_floor`) share as processes:
+their command line, and the signals that stop them.
 
 The benchmark and the tests start either floor the same way::
 
@@ -9,8 +10,10 @@ The benchmark and the tests start either floor the same way::
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 
-__all__ = ["floor_parser"]
+__all__ = ["floor_parser", "stop_event"]
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -38,3 +41,12 @@ def floor_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
     far.add_argument("--ca", required=True, help="PEM CA that signed near's certificate")
     far.add_argument("--upstream", type=_address, required=True, help="HOST:PORT, TCP")
     return parser
+
+
+def stop_event() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT (call from the running loop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return stop

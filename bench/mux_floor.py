@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import ssl
 import sys
 from collections import deque
@@ -63,7 +62,7 @@ from protocol import Connection, ErrorCode, Keepalive, Limits, Side, TunnelError
 from tunnel_cli import freeze_startup_objects, run_main
 from tunnel_mux import MuxStream, Session, SessionError, SessionHandlers, WebSocketTransport
 
-from .floor_cli import floor_parser
+from .floor_cli import floor_parser, stop_event
 
 __all__ = ["KEEPALIVE", "LIMITS", "STREAM_KIND", "Bridge", "far", "main", "near"]
 
@@ -354,14 +353,6 @@ async def _far_end(request: web.Request) -> web.StreamResponse:
         near.busy = False
 
 
-def _stop_event() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    return stop
-
-
 def _server_context(cert: str, key: str) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
@@ -371,7 +362,7 @@ def _server_context(cert: str, key: str) -> ssl.SSLContext:
 async def near(listen: tuple[str, int], tunnel_listen: tuple[str, int], cert: str, key: str) -> int:
     """Serve clients over the one far end until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
-    stop = _stop_event()
+    stop = stop_event()
     clients = _server_context(cert, key)
     clients.set_alpn_protocols(["http/1.1"])
     state = _Near()
@@ -439,7 +430,7 @@ def _relay_to(upstream: tuple[str, int]) -> SessionHandlers:
 
 async def far(tunnel: tuple[str, int], ca: str, upstream: tuple[str, int]) -> int:
     """Relay the near end's streams to ``upstream`` until the session ends, or a signal."""
-    stop = _stop_event()
+    stop = stop_event()
     context = ssl.create_default_context(cafile=ca)
     host, port = tunnel
     url = f"wss://{host}:{port}{kinds.PATH_AGENT_CONNECT}"

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import ssl
 import struct
 import sys
@@ -55,7 +54,7 @@ from typing import cast
 
 import uvloop
 
-from .floor_cli import floor_parser
+from .floor_cli import floor_parser, stop_event
 
 __all__ = ["CLOSE", "DATA", "HEADER", "OPEN", "Mux", "Stream", "main"]
 
@@ -342,18 +341,10 @@ class _FarTunnel(Mux):
         self.stop.set()
 
 
-def _stop_event() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    return stop
-
-
 async def near(listen: tuple[str, int], tunnel_listen: tuple[str, int], cert: str, key: str) -> int:
     """Serve clients over the one far end until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
-    stop = _stop_event()
+    stop = stop_event()
     clients = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     clients.load_cert_chain(cert, key)
     clients.set_alpn_protocols(["http/1.1"])
@@ -377,7 +368,7 @@ async def near(listen: tuple[str, int], tunnel_listen: tuple[str, int], cert: st
 async def far(tunnel: tuple[str, int], ca: str, upstream: tuple[str, int]) -> int:
     """Relay the near end's streams to ``upstream`` until the tunnel closes, or a signal."""
     loop = asyncio.get_running_loop()
-    stop = _stop_event()
+    stop = stop_event()
     context = ssl.create_default_context(cafile=ca)
     host, port = tunnel
     try:
