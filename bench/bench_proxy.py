@@ -62,7 +62,8 @@ from typing import Any
 
 import aiohttp
 
-from .procs import BenchError, Children, cpu_seconds, memory_kib
+from .procs import BenchError, Children
+from .proxy_costs import cores_busy, cpu_per, cpu_snapshot, rss_kib
 from .proxy_load import Target, WrkResult, bulk, bulk_loop, write_wrk_script, wrk
 from .proxy_options import MIB, Plan, jsonable, parser, wait_quiet
 from .proxy_profile import Profile, py_spy, record, summarise
@@ -87,7 +88,6 @@ __all__ = ["Plan", "main"]
 _MODULE = "bench.bench_proxy"
 #: The pace of the bulk downloads in the "paced" phase: about a 1 Gbit/s link.
 PACED_RATE = 100 * MIB
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -133,19 +133,10 @@ class Bench:
         return {**groups, "upstream": [self.upstream.process.pid]}
 
     def _cpu(self, route: Route) -> dict[str, float]:
-        """CPU seconds so far by process group (``NAME``) and its system part (``NAME.sys``)."""
-        snapshot: dict[str, float] = {}
-        for name, pids in self._groups(route).items():
-            times = [cpu_seconds(pid) for pid in pids]
-            snapshot[name] = sum(user + system for user, system in times)
-            snapshot[f"{name}.sys"] = sum(system for _, system in times)
-        snapshot["machine"] = _machine_busy_seconds()
-        return snapshot
+        return cpu_snapshot(self._groups(route))
 
     def _rss_kib(self, route: Route) -> dict[str, int]:
-        return {
-            name: sum(memory_kib(p) for p in pids) for name, pids in self._groups(route).items()
-        }
+        return rss_kib(self._groups(route))
 
     async def _upstream_stats(self) -> dict[str, int]:
         assert self.upstream is not None
@@ -181,7 +172,7 @@ class Bench:
             {
                 **asdict(result),
                 "rate": result.rate,
-                "cpu_us_per_request": _cpu_per(before, self._cpu(route), result.requests, 1e6),
+                "cpu_us_per_request": cpu_per(before, self._cpu(route), result.requests, 1e6),
             }
         )
         print(
@@ -202,8 +193,8 @@ class Bench:
             {
                 **asdict(result),
                 "rate": result.rate,
-                "cpu_us_per_request": _cpu_per(before, after, result.requests, 1e6),
-                "cores_busy": _cores(before, after, result.seconds),
+                "cpu_us_per_request": cpu_per(before, after, result.requests, 1e6),
+                "cores_busy": cores_busy(before, after, result.seconds),
             }
         )
         # The figure reported: all rounds together; latency and CPU from the median round.
@@ -235,7 +226,7 @@ class Bench:
             {
                 "mb_per_s": runs[0].mb_per_s,
                 # CPU seconds per GB (10^9 bytes) moved.
-                "cpu_s_per_gb": _cpu_per(before, after, runs[0].size, 1e9),
+                "cpu_s_per_gb": cpu_per(before, after, runs[0].size, 1e9),
             }
         )
         middle = sorted(done, key=lambda r: float(r["mb_per_s"]))[(len(done) - 1) // 2]
@@ -503,25 +494,6 @@ class Bench:
                 "under concurrency 64, then under bulk ..."
             )
             await self.profile(tunnel, profile_tool, gil)
-
-
-def _machine_busy_seconds() -> float:
-    """CPU seconds the whole machine has been busy (all cores, all processes)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / _CLK_TCK
-
-
-def _cpu_per(
-    before: dict[str, float], after: dict[str, float], units: int, scale: float
-) -> dict[str, float]:
-    """CPU spent per unit of work, by process group (``scale``: e.g. 1e6 for microseconds)."""
-    return {name: (after[name] - before[name]) * scale / max(units, 1) for name in before}
-
-
-def _cores(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
-    """Average cores busy over the window, by process group."""
-    return {name: (after[name] - before[name]) / max(seconds, 1e-9) for name in before}
 
 
 async def _line(process: asyncio.subprocess.Process, within: float, what: str) -> dict[str, Any]:
