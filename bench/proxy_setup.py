@@ -22,6 +22,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -219,11 +220,18 @@ def _server_argv(state: Path, port: int, log_level: str, experiment: Experiment)
 
 
 async def start_server(
-    children: Children, state: Path, log_level: str, experiment: Experiment
+    children: Children,
+    state: Path,
+    log_level: str,
+    experiment: Experiment,
+    wrap: Sequence[str] = (),
 ) -> tuple[asyncio.subprocess.Process, int]:
-    """Start ``tunnel-server serve`` on a free loopback port; wait for its /healthz."""
+    """Start ``tunnel-server serve`` on a free loopback port; wait for its /healthz.
+
+    ``wrap`` goes before its command line (e.g. :mod:`bench.profiled`'s).
+    """
     port = free_port()
-    argv = _server_argv(state, port, log_level, experiment)
+    argv = [*wrap, *_server_argv(state, port, log_level, experiment)]
     process = await children.start("tunnel-server", argv)
     await wait_port(port, process, "the tunnel server")
     deadline = time.monotonic() + 30.0
@@ -266,8 +274,12 @@ async def start_agent(
     port: int,
     upstream_url: str,
     experiment: Experiment,
+    wrap: Sequence[str] = (),
 ) -> Tunnel:
-    """Register the cluster, a user and its grant on the running server; start the agent."""
+    """Register the cluster, a user and its grant on the running server; start the agent.
+
+    ``wrap`` goes before the agent's command line, as for :func:`start_server`.
+    """
     state = run_dir / "state"
     url = f"https://127.0.0.1:{port}"
     context = client_context((state / "ca.crt").read_bytes())
@@ -288,7 +300,7 @@ async def start_agent(
         argv += ["--bootstrap-token", str(cluster["bootstrap_token"]), "--upstream", upstream_url]
         argv += experiment.flags()
         argv += ["--event-loop", experiment.event_loop]
-        agent = await children.start("agent", argv)
+        agent = await children.start("agent", [*wrap, *argv])
         tunnel = Tunnel(server, agent, port, state, str(user["token"]))
         await _wait_relaying(http, tunnel, context)
     return tunnel

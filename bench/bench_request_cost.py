@@ -1,0 +1,167 @@
+"""The work one proxied request costs the server and the agent, counted rather than timed.
+
+Timed figures on two shared cores move by about ±8 % from run to run, more
+than most single changes to the request path save. This counts instead: the
+real ``tunnel-server serve`` and the benchmark's agent run under cProfile
+(:mod:`bench.profiled`), switched on for exactly the requests wrk sends
+through the tunnel at each concurrency, and the report gives Python-level
+calls per request in each process (the same for the same code within a few
+per cent at concurrency 1) and the functions that make them. The time beside
+them is cProfile's: inflated by the profiler, and wall time, so a write that
+wakes another process on the same core also counts the time that process
+runs; the calls are exact.
+
+    .venv/bin/python -m bench.bench_request_cost                # c1 and c64, 3 s each
+    .venv/bin/python -m bench.bench_request_cost --concurrency 1 --top 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pstats
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .procs import BenchError, Children
+from .proxy_load import Target, write_wrk_script, wrk
+from .proxy_setup import Experiment, ensure_tools, start_agent, start_server, start_upstream
+from .proxy_upstream import POD_PATH
+
+__all__ = ["main"]
+
+#: How long a profile may take to be written after SIGUSR2.
+_DUMP_WAIT = 30.0
+
+
+def _profiled(out: Path) -> list[str]:
+    return [sys.executable, "-m", "bench.profiled", "--out", str(out), "--"]
+
+
+async def _profile_file(path: Path) -> pstats.Stats:
+    """The statistics a process writes (by rename) after SIGUSR2."""
+    deadline = time.monotonic() + _DUMP_WAIT
+    while not await asyncio.to_thread(path.exists):
+        if time.monotonic() > deadline:
+            raise BenchError(f"no profile at {path} {_DUMP_WAIT:g} s after SIGUSR2")
+        await asyncio.sleep(0.05)
+    return await asyncio.to_thread(pstats.Stats, str(path))
+
+
+def _summary(stats: pstats.Stats, requests: int, top: int) -> dict[str, Any]:
+    """Calls per request, and the ``top`` functions by their own time, per request."""
+    rows = []
+    table: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    for (filename, line, name), (_, calls, own, _cumulative, _) in table.items():
+        rows.append(
+            {
+                "function": f"{name} ({Path(filename).name}:{line})" if line else name,
+                "calls_per_request": calls / requests,
+                "own_us_per_request": own * 1e6 / requests,
+            }
+        )
+    rows.sort(key=lambda row: -float(row["own_us_per_request"]))
+    total_calls: int = stats.total_calls  # type: ignore[attr-defined]
+    return {"calls_per_request": total_calls / requests, "top": rows[:top]}
+
+
+async def _measure(
+    children: Children, run_dir: Path, seconds: float, concurrencies: list[int], top: int
+) -> dict[str, Any]:
+    state = run_dir / "state"
+    profiles = run_dir / "profiles"
+    profiles.mkdir()
+    server, port = await start_server(
+        children, state, "warning", Experiment(), wrap=_profiled(profiles / "server.prof")
+    )
+    upstream = await start_upstream(children, state / "server.crt", state / "server.key")
+    tunnel = await start_agent(
+        children, run_dir, server, port, upstream.url, Experiment(),
+        wrap=_profiled(profiles / "agent.prof"),
+    )  # fmt: skip
+    auth = (("Authorization", f"Bearer {tunnel.user_token}"),)
+    target = Target("tunnel", tunnel.base, auth, tunnel.ca_file)
+    script = write_wrk_script(run_dir)
+    processes = {"server": tunnel.server, "agent": tunnel.agent}
+    results: dict[str, Any] = {}
+    for connections in concurrencies:
+        await wrk(children, script, target, POD_PATH, connections=connections, seconds=2,
+                  label=f"warm-c{connections}")  # fmt: skip
+        for name, process in processes.items():
+            (profiles / f"{name}.prof").unlink(missing_ok=True)
+            os.kill(process.pid, signal.SIGUSR1)
+        result = await wrk(children, script, target, POD_PATH, connections=connections,
+                           seconds=seconds, label=f"c{connections}")  # fmt: skip
+        for process in processes.values():
+            os.kill(process.pid, signal.SIGUSR2)
+        summaries = {
+            name: _summary(await _profile_file(profiles / f"{name}.prof"), result.requests, top)
+            for name in processes
+        }
+        results[f"c{connections}"] = {"requests": result.requests, **summaries}
+        print(f"  c{connections}: {result.requests} requests profiled", flush=True)
+    return results
+
+
+def _report(results: dict[str, Any]) -> None:
+    print("\nPython-level calls per request, on each process's event loop (cProfile):")
+    for phase, figures in results.items():
+        line = ", ".join(
+            f"{name} {figures[name]['calls_per_request']:.0f}" for name in ("server", "agent")
+        )
+        print(f"  {phase:4} {line}  ({figures['requests']} requests)")
+    for phase, figures in results.items():
+        for name in ("server", "agent"):
+            print(f"\n{name} at {phase}: own wall time (profiled) and calls, per request")
+            for row in figures[name]["top"]:
+                print(
+                    f"  {row['own_us_per_request']:7.2f} us {row['calls_per_request']:6.2f}x  "
+                    f"{row['function']}"
+                )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_request_cost", description=__doc__)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--seconds", type=float, default=3.0, help="profiled wrk run (s)")
+    parser.add_argument("--concurrency", default="1,64", help="comma-separated (default 1,64)")
+    parser.add_argument("--top", type=int, default=20, help="functions listed per process")
+    parser.add_argument("--json", type=Path, help="also write the results here as JSON")
+    parser.add_argument("--keep", action="store_true", help="keep the run directory (logs)")
+    args = parser.parse_args(argv)
+    concurrencies = [int(part) for part in args.concurrency.split(",") if part]
+    run_dir = Path(tempfile.mkdtemp(prefix="bench-request-cost-"))
+    print(f"run directory (logs): {run_dir}", flush=True)
+    try:
+        ensure_tools(install=True, ssh=False)
+
+        async def run() -> dict[str, Any]:
+            children = Children(run_dir)
+            try:
+                return await _measure(children, run_dir, args.seconds, concurrencies, args.top)
+            finally:
+                await children.stop_all()
+
+        results = asyncio.run(run())
+    except BenchError as exc:
+        print(f"bench_request_cost: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    _report(results)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
