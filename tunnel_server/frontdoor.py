@@ -36,6 +36,7 @@ from .http1 import (
     LAST_CHUNK,
     MAX_HEAD,
     CallerRequest,
+    HeaderBlockCache,
     MalformedRequestError,
     chunk,
     parse_content_length,
@@ -104,6 +105,7 @@ class FrontDoor(asyncio.Protocol):
         self._buffer = bytearray()
         #: How much of the buffer is known to hold no complete head.
         self._scanned = 0
+        self._header_cache = HeaderBlockCache()
         self._task: asyncio.Task[None] | None = None
         self._body: RequestBody | None = None
         self._reading_paused = False
@@ -197,7 +199,7 @@ class FrontDoor(asyncio.Protocol):
                 )
             return
         try:
-            request = parse_request_head(bytes(self._buffer[:end]))
+            request = parse_request_head(bytes(self._buffer[:end]), self._header_cache)
         except MalformedRequestError as exc:
             self._answer_bad_request(exc)
             return

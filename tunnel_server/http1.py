@@ -23,6 +23,7 @@ __all__ = [
     "MAX_HEAD",
     "MAX_HEADER_LINES",
     "CallerRequest",
+    "HeaderBlockCache",
     "MalformedRequestError",
     "chunk",
     "parse_content_length",
@@ -92,24 +93,87 @@ class CallerRequest:
     expect: bool
 
 
-def parse_request_head(head: bytes | bytearray | memoryview) -> CallerRequest:
-    """Parse one request head, given without its final empty line."""
+class HeaderBlockCache:
+    """The last header block one connection sent, and what it parsed to.
+
+    kubectl and client-go send the same header lines with every request on a
+    connection; only the request line changes. The cache is keyed on the
+    block's exact bytes, so a hit is the parse those bytes always give: it
+    saves the work, not a check.
+    """
+
+    __slots__ = ("_block", "_raw")
+
+    def __init__(self) -> None:
+        self._raw: bytes | None = None
+        self._block: _HeaderBlock | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _HeaderBlock:
+    """What a request's header lines say, apart from its request line."""
+
+    headers: tuple[tuple[str, str], ...]
+    content_length: int | None
+    chunked: bool
+    #: The Connection header's tokens, in lower case.
+    tokens: frozenset[str]
+    upgrade: str | None
+    expect: bool
+
+
+def parse_request_head(
+    head: bytes | bytearray | memoryview, cache: HeaderBlockCache | None = None
+) -> CallerRequest:
+    """Parse one request head, given without its final empty line.
+
+    With ``cache`` (one per connection), header lines equal to the previous
+    request's are not parsed again.
+    """
     if len(head) > MAX_HEAD:
         raise MalformedRequestError("the request head is too large", status=431)
-    lines = bytes(head).decode("latin-1").split("\r\n")
-    if len(lines) > MAX_HEADER_LINES + 1:
+    data = bytes(head)
+    if data.count(b"\r\n") > MAX_HEADER_LINES:
         raise MalformedRequestError(f"more than {MAX_HEADER_LINES} header lines", status=431)
-    match = _REQUEST_LINE.fullmatch(lines[0])
+    line_end = data.find(b"\r\n")
+    if line_end < 0:
+        line_end = len(data)
+    match = _REQUEST_LINE.fullmatch(data[:line_end].decode("latin-1"))
     if match is None:
         raise MalformedRequestError("malformed request line")
     method, target, minor = match.groups()
+    raw = data[line_end:]
+    if cache is not None and cache._raw == raw and cache._block is not None:
+        block = cache._block
+    else:
+        block = _parse_header_block(raw)
+        if cache is not None:
+            cache._raw, cache._block = raw, block
+    tokens = block.tokens
+    # close always wins (RFC 9112, 9.3); HTTP/1.0 keeps alive only when asked.
+    keep_alive = "close" not in tokens and (minor == "1" or "keep-alive" in tokens)
+    return CallerRequest(
+        method=method,
+        target=target,
+        minor_version=int(minor),
+        headers=list(block.headers),
+        content_length=block.content_length,
+        chunked=block.chunked,
+        keep_alive=keep_alive,
+        upgrade=block.upgrade if block.upgrade and "upgrade" in tokens else None,
+        expect=block.expect,
+    )
+
+
+def _parse_header_block(raw: bytes) -> _HeaderBlock:
+    """The header lines after the request line (``raw`` starts with its CRLF, or is empty)."""
     headers: list[tuple[str, str]] = []
     content_length: int | None = None
     chunked = False
     connection = ""
     upgrade: str | None = None
     expect = False
-    for line in lines[1:]:
+    for line in raw.decode("latin-1").split("\r\n")[1:]:
         field = _HEADER_LINE.fullmatch(line)
         if field is None:
             raise MalformedRequestError("malformed header line")
@@ -142,20 +206,10 @@ def parse_request_head(head: bytes | bytearray | memoryview) -> CallerRequest:
         headers.append((name, value))
     if chunked and content_length is not None:
         raise MalformedRequestError("Content-Length and Transfer-Encoding must not come together")
-    tokens = {token.strip() for token in connection.split(",")} if connection else set()
-    # close always wins (RFC 9112, 9.3); HTTP/1.0 keeps alive only when asked.
-    keep_alive = "close" not in tokens and (minor == "1" or "keep-alive" in tokens)
-    return CallerRequest(
-        method=method,
-        target=target,
-        minor_version=int(minor),
-        headers=headers,
-        content_length=content_length,
-        chunked=chunked,
-        keep_alive=keep_alive,
-        upgrade=upgrade if upgrade and "upgrade" in tokens else None,
-        expect=expect,
+    tokens = (
+        frozenset(token.strip() for token in connection.split(",")) if connection else frozenset()
     )
+    return _HeaderBlock(tuple(headers), content_length, chunked, tokens, upgrade, expect)
 
 
 def parse_content_length(value: str) -> int | None:

@@ -9,6 +9,7 @@ import pytest
 from tunnel_server.http1 import (
     MAX_HEAD,
     CallerRequest,
+    HeaderBlockCache,
     MalformedRequestError,
     chunk,
     parse_request_head,
@@ -292,6 +293,61 @@ def test_upgrade_needs_both_connection_upgrade_and_an_upgrade_header() -> None:
     assert parse("Connection: upgrade").upgrade is None
     assert parse("Connection: upgrade", "Upgrade:").upgrade is None
     assert parse("Connection: upgraded", "Upgrade: websocket").upgrade is None
+
+
+# --------------------------------------------- a connection's repeated header lines
+
+KUBECTL = ("Host: 127.0.0.1", "User-Agent: kubectl/v1.31", "Authorization: Bearer t", "Accept: */*")
+
+
+def test_repeated_header_lines_parse_as_they_did_with_each_request_line_new() -> None:
+    cache = HeaderBlockCache()
+    first = parse_request_head(head("GET /k8s/clusters/a/api HTTP/1.1", *KUBECTL), cache)
+    second = parse_request_head(head("DELETE /k8s/clusters/a/x HTTP/1.0", *KUBECTL), cache)
+    assert (second.method, second.target, second.minor_version) == (
+        "DELETE",
+        "/k8s/clusters/a/x",
+        0,
+    )
+    assert second.headers == first.headers == parse(*KUBECTL).headers
+    assert (first.keep_alive, second.keep_alive) == (True, False)  # HTTP/1.0 without keep-alive
+
+
+def test_other_header_lines_are_parsed_afresh() -> None:
+    cache = HeaderBlockCache()
+    parse_request_head(head("GET /k8s/clusters/a/api HTTP/1.1", *KUBECTL), cache)
+    closing = parse_request_head(
+        head("GET /k8s/clusters/a/api HTTP/1.1", *KUBECTL, "Connection: close"), cache
+    )
+    assert not closing.keep_alive
+    assert closing.headers[-1] == ("connection", "close")
+    with pytest.raises(MalformedRequestError) as caught:
+        parse_request_head(head("GET /k8s/clusters/a/api HTTP/1.1", "Bad Header: x"), cache)
+    assert caught.value.message == "malformed header line"
+
+
+def test_a_changed_answer_does_not_change_the_next_parse() -> None:
+    cache = HeaderBlockCache()
+    first = parse_request_head(head("GET /k8s/clusters/a/api HTTP/1.1", *KUBECTL), cache)
+    first.headers.append(("x-added", "by the caller of the parser"))
+    second = parse_request_head(head("GET /k8s/clusters/a/api HTTP/1.1", *KUBECTL), cache)
+    assert ("x-added", "by the caller of the parser") not in second.headers
+
+
+def test_a_refused_block_is_refused_every_time() -> None:
+    cache = HeaderBlockCache()
+    bad = head("GET /k8s/clusters/a/api HTTP/1.1", "X-Value: a\x01b")
+    for _ in range(2):
+        with pytest.raises(MalformedRequestError):
+            parse_request_head(bad, cache)
+
+
+def test_a_bad_request_line_is_refused_whatever_its_header_lines() -> None:
+    cache = HeaderBlockCache()
+    parse_request_head(head("GET /k8s/clusters/a/api HTTP/1.1", *KUBECTL), cache)
+    with pytest.raises(MalformedRequestError) as caught:
+        parse_request_head(head("GET  /k8s/clusters/a/api HTTP/1.1", *KUBECTL), cache)
+    assert caught.value.message == "malformed request line"
 
 
 # --------------------------------------------------------------- responses
