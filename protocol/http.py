@@ -173,14 +173,17 @@ class ResponseHeadParser:
 
 
 def _headers(value: Any) -> Headers:
-    if not isinstance(value, Sequence) or isinstance(value, str | bytes):
+    # type(...) is list first: what msgpack decodes to, without the slower ABC check.
+    if type(value) is not list and (
+        not isinstance(value, Sequence) or isinstance(value, str | bytes)
+    ):
         raise MalformedFrameError("headers must be a list of [name, value] pairs")
     if len(value) > MAX_HEADERS:
         raise MalformedFrameError(f"more than {MAX_HEADERS} headers")
     pairs = []
     for pair in value:
         if (
-            not isinstance(pair, Sequence)
+            (type(pair) is not list and not isinstance(pair, Sequence))
             or len(pair) != 2
             or not isinstance(pair[0], str)
             or not isinstance(pair[1], str)
