@@ -228,7 +228,10 @@ def upstream_path(raw_target: str, cluster: str) -> str:
         or "%2e" in lowered
         or "\\" in path
         or "//" in path
-        or any(segment in (".", "..") for segment in path.split("/"))
+        # A "." or ".." segment (the path starts with "/", and "//" is refused above).
+        or "/./" in path
+        or "/../" in path
+        or path.endswith(("/.", "/.."))
     ):
         raise ProxyRefusal(400, "BadRequest", "the path must not contain dot or encoded segments")
     return f"{path}?{query}" if query else path
