@@ -47,8 +47,8 @@ class MuxStream:
         self._eof = False
         self._write_closed = False
         self._error: SessionError | None = None
-        self._readable = asyncio.Event()
-        self._writable = asyncio.Event()
+        self._readable = _Wakeup()
+        self._writable = _Wakeup()
 
     def __repr__(self) -> str:
         return f"<MuxStream {self.id} {self.kind}>"
@@ -79,8 +79,7 @@ class MuxStream:
                 raise self._error
             if self._eof:
                 return b""
-            self._readable.clear()
-            await self._readable.wait()
+            await self._readable.wait(self.id, "read")
         if self._error is not None:
             raise self._error
         chunk = self._chunks.popleft()
@@ -110,10 +109,9 @@ class MuxStream:
             self._check_writable()
             capacity = self._session._send_capacity(self.id)
             if capacity <= 0:
-                self._writable.clear()
                 self._session._wait_writable(self)
                 started = time.monotonic()
-                await self._writable.wait()
+                await self._writable.wait(self.id, "written")
                 self._session.flow_wait_seconds += time.monotonic() - started
                 continue
             size = min(capacity, len(view))
@@ -153,18 +151,47 @@ class MuxStream:
 
     def _feed(self, data: bytes) -> None:
         self._chunks.append(data)
-        self._readable.set()
+        self._readable.wake()
 
     def _feed_eof(self) -> None:
         self._eof = True
-        self._readable.set()
+        self._readable.wake()
 
     def _fail(self, error: SessionError) -> None:
         if self._error is None:
             self._error = error
             self._chunks.clear()
-        self._readable.set()
-        self._writable.set()
+        self._readable.wake()
+        self._writable.wake()
 
     def _wake_writer(self) -> None:
-        self._writable.set()
+        self._writable.wake()
+
+
+class _Wakeup:
+    """Wakes the one task waiting on it; its future is made only when one waits.
+
+    What a stream needs of an ``asyncio.Event``, for less: most streams (one
+    small request and its answer) never wait to write, and a reader or writer
+    checks the stream's state again after every wake-up, so a wake-up with
+    nobody waiting may be dropped.
+    """
+
+    __slots__ = ("_waiter",)
+
+    def __init__(self) -> None:
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def wait(self, stream_id: int, verb: str) -> None:
+        if self._waiter is not None:
+            raise RuntimeError(f"stream {stream_id} is already being {verb} by another task")
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

@@ -222,6 +222,20 @@ async def test_read_ready_says_whether_read_would_answer_at_once() -> None:
         assert await stream.read() == b""
 
 
+async def test_a_second_reader_of_one_stream_is_refused_not_left_waiting() -> None:
+    async def wait_for_end(stream: MuxStream) -> None:
+        await stream.read()
+
+    async with session_pair(wait_for_end) as pair:
+        stream = pair.server.open_stream("http")
+        first = asyncio.create_task(stream.read())
+        await until(lambda: stream._readable._waiter is not None, max_turns=10_000)
+        with pytest.raises(RuntimeError, match="already being read"):
+            await stream.read()
+        stream.end()
+        assert await first == b""  # the handler returned: its end came to the first reader
+
+
 async def test_each_side_measures_the_round_trip_once_the_handshake_completes() -> None:
     # Without any PING from the application: the smallest round trip sizes the
     # credit of streams that share the connection (docs/protocol.md).
