@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from urllib.parse import unquote, unquote_plus
 
@@ -45,8 +46,23 @@ class ApiRequest:
         return self.verb in ("get", "list", "watch") and not self.is_connect
 
 
+#: Targets up to this long are remembered, the most recent first: the lists,
+#: watches and gets a client repeats. Longer ones are read every time, so the
+#: cache holds at most about a megabyte.
+_CACHED_TARGET = 512
+_CACHE_SIZE = 1024
+
+
 def parse_api_request(method: str, target: str) -> ApiRequest:
     """Classify ``method`` on ``target`` (a path with an optional query)."""
+    # Both sides of the tunnel classify every request; the answer depends on
+    # these two strings alone and is immutable, so a repeat is looked up.
+    if len(target) <= _CACHED_TARGET:
+        return _remembered(method, target)
+    return _parse_api_request(method, target)
+
+
+def _parse_api_request(method: str, target: str) -> ApiRequest:
     # Every proxied request is classified on both sides of the tunnel, so this
     # avoids urlsplit and parse_qs (same results for the paths it sees).
     path, _, query = target.partition("#")[0].partition("?")
@@ -110,3 +126,6 @@ def _watch_parameter(query: str) -> bool:
         if name == "watch" and value:
             return unquote_plus(value).lower() in ("1", "true")
     return False
+
+
+_remembered = functools.lru_cache(maxsize=_CACHE_SIZE)(_parse_api_request)

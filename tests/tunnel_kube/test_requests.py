@@ -172,6 +172,16 @@ def test_agrees_with_the_urlsplit_and_parse_qs_reading(
     assert parse_api_request(method, target) == _former_parse(method, target)
 
 
+def test_a_repeated_request_reads_the_same_whatever_its_length() -> None:
+    short = "/api/v1/namespaces/default/pods/web-0?timeout=32s"
+    long = "/api/v1/namespaces/default/pods/" + "x" * 600  # past what is remembered
+    for target in (short, long):
+        first, again = parse_api_request("GET", target), parse_api_request("GET", target)
+        assert first == again
+        assert (first.verb, first.resource, first.namespace) == ("get", "pods", "default")
+    assert parse_api_request("DELETE", short).verb == "delete"  # the method is part of the key
+
+
 def test_status_body_is_a_kubernetes_failure_status() -> None:
     body = json.loads(status_body(403, "Forbidden", "no grant"))
     assert body == {
