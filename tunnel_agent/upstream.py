@@ -28,6 +28,7 @@ is :class:`tunnel_agent.upstream_connection.UpstreamConnection`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import ssl
@@ -261,45 +262,56 @@ class UpstreamPool:
             raise UpstreamRequestError(
                 "the request path holds a space or a control character: it cannot be sent"
             )
-        lines = [f"{method} {self._prefix}{path} HTTP/1.1\r\nhost: {self._authority}\r\n"]
-        names: list[str] = []
-        values: list[str] = []
-        length: int | None = None
-        for name, value in headers:
-            lower = name.lower()
-            if lower in _OWN_HEADERS:
-                continue
-            if lower == "content-length":
-                if length is not None or _DIGITS.fullmatch(value) is None:
-                    raise UpstreamRequestError(
-                        "the request needs one content-length of decimal digits"
-                    )
-                length = int(value)
-            names.append(name)
-            values.append(value)
-            lines.append(f"{name}: {value}\r\n")
-        # One check over all names and one over all values: each header checked
-        # alone would cost as much as the rest of the head's encoding.
-        joined = " ".join(names)
-        if names and (_TOKENS.fullmatch(joined) is None or joined.count(" ") != len(names) - 1):
-            raise UpstreamRequestError(f"the header name {_bad_name(names)!r} cannot be sent")
-        if _UNSAFE_VALUES.search("\t".join(values)) is not None:
-            culprit = next(
-                n for n, v in zip(names, values, strict=True) if _UNSAFE_VALUES.search(v)
-            )
-            raise UpstreamRequestError(
-                f"the value of the {culprit} header holds a control character (CR, LF ...): "
-                "it cannot be sent"
-            )
+        lines, length = _header_lines(tuple(headers))
         if has_body and length is None:
-            lines.append("transfer-encoding: chunked\r\n")
-        lines.append("\r\n")
-        try:
-            # UTF-8, as aiohttp sent it; surrogateescape gives back bytes the
-            # caller sent that were not UTF-8. Neither can make a CR or LF byte.
-            return "".join(lines).encode("utf-8", "surrogateescape"), length
-        except UnicodeEncodeError as exc:
-            raise UpstreamRequestError("the request head is not valid text") from exc
+            lines += b"transfer-encoding: chunked\r\n"
+        request_line = f"{method} {self._prefix}{path} HTTP/1.1\r\nhost: {self._authority}\r\n"
+        return _encode(request_line) + lines + b"\r\n", length
+
+
+@functools.lru_cache(maxsize=64)
+def _header_lines(headers: tuple[tuple[str, str], ...]) -> tuple[bytes, int | None]:
+    """The header lines to send for ``headers``, and the content-length among them.
+
+    Remembered: the same callers send the same headers with every request (at
+    most 64 blocks, each no larger than the protocol's header limit).
+    """
+    lines: list[str] = []
+    names: list[str] = []
+    values: list[str] = []
+    length: int | None = None
+    for name, value in headers:
+        lower = name.lower()
+        if lower in _OWN_HEADERS:
+            continue
+        if lower == "content-length":
+            if length is not None or _DIGITS.fullmatch(value) is None:
+                raise UpstreamRequestError("the request needs one content-length of decimal digits")
+            length = int(value)
+        names.append(name)
+        values.append(value)
+        lines.append(f"{name}: {value}\r\n")
+    # One check over all names and one over all values: each header checked
+    # alone would cost as much as the rest of the head's encoding.
+    joined = " ".join(names)
+    if names and (_TOKENS.fullmatch(joined) is None or joined.count(" ") != len(names) - 1):
+        raise UpstreamRequestError(f"the header name {_bad_name(names)!r} cannot be sent")
+    if _UNSAFE_VALUES.search("\t".join(values)) is not None:
+        culprit = next(n for n, v in zip(names, values, strict=True) if _UNSAFE_VALUES.search(v))
+        raise UpstreamRequestError(
+            f"the value of the {culprit} header holds a control character (CR, LF ...): "
+            "it cannot be sent"
+        )
+    return _encode("".join(lines)), length
+
+
+def _encode(text: str) -> bytes:
+    try:
+        # UTF-8, as aiohttp sent it; surrogateescape gives back bytes the
+        # caller sent that were not UTF-8. Neither can make a CR or LF byte.
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise UpstreamRequestError("the request head is not valid text") from exc
 
 
 def _replayable(method: str, has_body: bool, connection: UpstreamConnection) -> bool:

@@ -68,6 +68,22 @@ async def test_body_without_length_is_sent_chunked_and_arrives_intact() -> None:
         assert pool.idle_connections == 1
 
 
+async def test_the_same_headers_go_with_or_without_a_body_as_each_request_needs() -> None:
+    headers = [("accept", "application/json"), ("x-caller", "same")]
+    async with running(echo) as origin, pool_for(origin.url) as pool:
+        for method, body in (("GET", None), ("POST", body_of(b"abc")), ("GET", None)):
+            with await pool.request(method, "/a", headers, body) as response:
+                await response.read()
+        plain, posted, plain_again = origin.exchanges
+        assert [e.header("transfer-encoding") for e in (plain, posted, plain_again)] == [
+            None,
+            "chunked",
+            None,
+        ]
+        assert posted.body == b"abc"
+        assert all(e.header("x-caller") == "same" for e in (plain, posted, plain_again))
+
+
 async def test_body_shorter_than_its_content_length_fails_and_closes_the_connection() -> None:
     async with running(echo) as origin, pool_for(origin.url) as pool:
         with pytest.raises(UpstreamRequestError, match="ended after 5 of its 10 bytes"):
