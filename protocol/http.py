@@ -181,6 +181,8 @@ def _headers(value: Any) -> Headers:
     if len(value) > MAX_HEADERS:
         raise MalformedFrameError(f"more than {MAX_HEADERS} headers")
     pairs = []
+    names = []
+    values = []
     for pair in value:
         if (
             (type(pair) is not list and not isinstance(pair, Sequence))
@@ -188,15 +190,28 @@ def _headers(value: Any) -> Headers:
             or not isinstance(pair[0], str)
             or not isinstance(pair[1], str)
             or len(pair[1]) > MAX_HEADER_VALUE
-            or _TOKEN.fullmatch(pair[0]) is None
-            or _UNSAFE_VALUE.search(pair[1]) is not None
         ):
-            raise MalformedFrameError("a header must be a [name, value] pair of safe strings")
-        pairs.append((pair[0].lower(), pair[1]))
+            raise MalformedFrameError(_BAD_HEADER)
+        name, text = pair
+        names.append(name)
+        values.append(text)
+        pairs.append((name.lower(), text))
+    # One check over all names and one over all values, in C: checked one by
+    # one, they cost more than the rest. A space joins the names (no token
+    # holds one, so the count of spaces tells a name that did); values are
+    # unsafe together exactly when one of them is.
+    if names:
+        joined = " ".join(names)
+        if _TOKENS.fullmatch(joined) is None or joined.count(" ") != len(names) - 1:
+            raise MalformedFrameError(_BAD_HEADER)
+        if _UNSAFE_VALUE.search("".join(values)) is not None:
+            raise MalformedFrameError(_BAD_HEADER)
     return tuple(pairs)
 
 
-# RFC 9110 token characters, 1 to 256 of them; values must not break a header line.
-# (Regular expressions: checked in C, on every header of every proxied request.)
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,256}")
+_BAD_HEADER = "a header must be a [name, value] pair of safe strings"
+# Names: RFC 9110 token characters, 1 to 256 of them, joined by single spaces. Values must
+# not break a header line. (Regular expressions: checked in C, for every proxied request.)
+_NAME_PATTERN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,256}"
+_TOKENS = re.compile(f"{_NAME_PATTERN}(?: {_NAME_PATTERN})*")
 _UNSAFE_VALUE = re.compile(r"[\r\n\0]")

@@ -6,6 +6,8 @@ import struct
 
 import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from protocol.errors import MalformedFrameError
 from protocol.http import (
@@ -94,3 +96,46 @@ def test_a_request_head_with_an_unsafe_header_is_refused() -> None:
         RequestHead.from_open_headers(
             {"method": "GET", "path": "/api", "headers": [["x-a", "v\nx-b: 1"]]}
         )
+
+
+_NAME_CHARS = "!#$%&'*+-.^_`|~09azAZ"
+
+
+def _reference(pairs: list[list[str]]) -> tuple[tuple[str, str], ...] | None:
+    """The header rule pair by pair, as plainly as it can be said (None: refused)."""
+    checked = []
+    for name, value in pairs:
+        if not 1 <= len(name) <= 256 or any(c not in _ALL_NAME_CHARS for c in name):
+            return None
+        if any(c in "\r\n\0" for c in value):
+            return None
+        checked.append((name.lower(), value))
+    return tuple(checked)
+
+
+_ALL_NAME_CHARS = frozenset(
+    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                st.text(alphabet=_NAME_CHARS + " \t:é\r\n", max_size=6),
+                st.integers(250, 260).map(lambda n: "n" * n),
+            ),
+            st.text(alphabet="ab \t\r\n\0é:", max_size=6),
+        ),
+        max_size=6,
+    )
+)
+def test_headers_are_accepted_exactly_as_the_rule_says(pairs: list[tuple[str, str]]) -> None:
+    value = [[name, text] for name, text in pairs]
+    expected = _reference(value)
+    open_headers = {"method": "GET", "path": "/api", "headers": value}
+    if expected is None:
+        with pytest.raises(MalformedFrameError, match="safe strings"):
+            RequestHead.from_open_headers(open_headers)
+    else:
+        assert RequestHead.from_open_headers(open_headers).headers == expected
