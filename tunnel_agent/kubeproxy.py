@@ -91,15 +91,15 @@ class KubeProxy:
             return
         headers = [(name, value) for name, value in head.headers if name not in _DROPPED_REQUEST]
         authorization = await self.api.authorization()
+        if not head.upgrade and head.method != "HEAD":
+            await self._request(stream, head, headers, authorization)
+            return
         if authorization:
             headers.append(("authorization", authorization))
         if head.upgrade:
             headers.append(("connection", "Upgrade"))
             upgrade = next((v for n, v in head.headers if n == "upgrade"), "")
             headers.append(("upgrade", upgrade))
-        if not head.upgrade and head.method != "HEAD":
-            await self._request(stream, head, headers)
-            return
         try:
             if head.upgrade:
                 await self._upgrade(stream, head, headers)
@@ -112,14 +112,22 @@ class KubeProxy:
             )
 
     async def _request(
-        self, stream: MuxStream, head: RequestHead, headers: list[tuple[str, str]]
+        self,
+        stream: MuxStream,
+        head: RequestHead,
+        headers: list[tuple[str, str]],
+        authorization: str | None,
     ) -> None:
         """Relay a plain request through the agent's own client."""
         try:
             if self._pool is None:
                 self._pool = UpstreamPool(self.api.base_url, self.api.ssl_context)
             response = await self._pool.request(
-                head.method, head.path, headers, None if stream.at_eof else stream.read
+                head.method,
+                head.path,
+                headers,
+                None if stream.at_eof else stream.read,
+                authorization=authorization,
             )
         except UpstreamRequestError as exc:
             logger.info("cannot relay %s %s: %s", head.method, head.path[:200], exc)

@@ -135,10 +135,14 @@ class UpstreamPool:
         path: str,
         headers: Sequence[tuple[str, str]],
         body: BodyReader | None = None,
+        *,
+        authorization: str | None = None,
     ) -> UpstreamResponse:
         """Send a request; return the response once its head has come.
 
         ``path`` (with its query) is appended to the base URL as it is.
+        ``authorization`` is this client's own credential (the agent's), sent
+        as the Authorization header after ``headers``.
         ``body`` is None when the request has none; otherwise it is read to
         its end while the response comes. Host, Connection, Transfer-Encoding
         and Upgrade are this client's own: given ones are ignored. Use the
@@ -155,7 +159,9 @@ class UpstreamPool:
             raise ValueError("HEAD requests are not supported by this client")
         if self._closed:
             raise UpstreamError("the agent is stopping: no new requests to the API server")
-        head, length = self._encode_head(method, path, headers, has_body=body is not None)
+        head, length = self._encode_head(
+            method, path, headers, has_body=body is not None, authorization=authorization
+        )
         if body is None and length:
             raise UpstreamRequestError(
                 f"the request announces a body of {length} bytes but carries none"
@@ -250,11 +256,18 @@ class UpstreamPool:
     # The request head.
 
     def _encode_head(
-        self, method: str, path: str, headers: Sequence[tuple[str, str]], *, has_body: bool
+        self,
+        method: str,
+        path: str,
+        headers: Sequence[tuple[str, str]],
+        *,
+        has_body: bool,
+        authorization: str | None = None,
     ) -> tuple[bytes, int | None]:
         """The request head's bytes and the body length it announces (None: none).
 
-        A body without a content-length goes chunked.
+        A body without a content-length goes chunked. ``authorization`` is
+        added per request, never remembered with the caller's headers.
         """
         if _METHOD.fullmatch(method) is None:
             raise UpstreamRequestError(f"the method {method[:16]!r} cannot be sent")
@@ -263,6 +276,12 @@ class UpstreamPool:
                 "the request path holds a space or a control character: it cannot be sent"
             )
         lines, length = _header_lines(tuple(headers))
+        if authorization is not None:
+            if _UNSAFE_VALUES.search(authorization) is not None:
+                raise UpstreamRequestError(
+                    "the agent's own Authorization value holds a control character"
+                )
+            lines += b"authorization: " + _encode(authorization) + b"\r\n"
         if has_body and length is None:
             lines += b"transfer-encoding: chunked\r\n"
         request_line = f"{method} {self._prefix}{path} HTTP/1.1\r\nhost: {self._authority}\r\n"
@@ -274,7 +293,9 @@ def _header_lines(headers: tuple[tuple[str, str], ...]) -> tuple[bytes, int | No
     """The header lines to send for ``headers``, and the content-length among them.
 
     Remembered: the same callers send the same headers with every request (at
-    most 64 blocks, each no larger than the protocol's header limit).
+    most 64 blocks, each no larger than the protocol's header limit). The
+    agent's own credential is not among them: it is added per request, so a
+    rotated token is not kept here.
     """
     lines: list[str] = []
     names: list[str] = []

@@ -84,6 +84,22 @@ async def test_the_same_headers_go_with_or_without_a_body_as_each_request_needs(
         assert all(e.header("x-caller") == "same" for e in (plain, posted, plain_again))
 
 
+async def test_the_clients_own_credential_goes_per_request_and_follows_a_rotation() -> None:
+    headers = [("accept", "application/json")]
+    async with running(echo) as origin, pool_for(origin.url) as pool:
+        for token in ("Bearer first", "Bearer rotated"):
+            with await pool.request("GET", "/a", headers, authorization=token) as response:
+                await response.read()
+        with pytest.raises(UpstreamRequestError, match="own Authorization"):
+            await pool.request("GET", "/a", headers, authorization="Bearer x\r\ny: z")
+        first, second = origin.exchanges
+        assert (first.header("authorization"), second.header("authorization")) == (
+            "Bearer first",
+            "Bearer rotated",
+        )
+        assert second.header("accept") == "application/json"
+
+
 async def test_body_shorter_than_its_content_length_fails_and_closes_the_connection() -> None:
     async with running(echo) as origin, pool_for(origin.url) as pool:
         with pytest.raises(UpstreamRequestError, match="ended after 5 of its 10 bytes"):
