@@ -183,13 +183,16 @@ class _Wakeup:
         self._waiter: asyncio.Future[None] | None = None
 
     async def wait(self, stream_id: int, verb: str) -> None:
-        if self._waiter is not None:
+        # A waiter already done belongs to a task that was cancelled or woken
+        # and has not run since: taking its place is safe.
+        if self._waiter is not None and not self._waiter.done():
             raise RuntimeError(f"stream {stream_id} is already being {verb} by another task")
-        self._waiter = asyncio.get_running_loop().create_future()
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
         try:
-            await self._waiter
+            await waiter
         finally:
-            self._waiter = None
+            if self._waiter is waiter:
+                self._waiter = None
 
     def wake(self) -> None:
         waiter = self._waiter

@@ -236,6 +236,23 @@ async def test_a_second_reader_of_one_stream_is_refused_not_left_waiting() -> No
         assert await first == b""  # the handler returned: its end came to the first reader
 
 
+async def test_a_reader_may_take_over_from_one_cancelled_before_it_ran_again() -> None:
+    async def answer_later(stream: MuxStream) -> None:
+        await stream.read()  # until the opener ends its side
+        await stream.write(b"late")
+
+    async with session_pair(answer_later) as pair:
+        stream = pair.server.open_stream("http")
+        first = asyncio.create_task(stream.read())
+        await until(lambda: stream._readable._waiter is not None, max_turns=10_000)
+        first.cancel()
+        stream.end()
+        # Read again at once, in this task: before the cancelled one has run.
+        assert await stream.read() == b"late"
+        with pytest.raises(asyncio.CancelledError):
+            await first
+
+
 async def test_each_side_measures_the_round_trip_once_the_handshake_completes() -> None:
     # Without any PING from the application: the smallest round trip sizes the
     # credit of streams that share the connection (docs/protocol.md).
