@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from .errors import ServerError
 
 __all__ = [
+    "CACHED_BLOCK",
     "LAST_CHUNK",
     "MAX_HEAD",
     "MAX_HEADER_LINES",
@@ -36,6 +37,8 @@ MAX_HEAD = 64 * 1024
 MAX_HEADER_LINES = 128
 #: The end of a chunked body.
 LAST_CHUNK = b"0\r\n\r\n"
+#: The largest header block a connection remembers (see HeaderBlockCache).
+CACHED_BLOCK = 8 * 1024
 
 _REQUEST_LINE = re.compile(r"([A-Z]{1,16}) ([\x21-\x7e]{1,8192}) HTTP/1\.([01])")
 # The name, then the rest: the value is trimmed and checked apart, in linear
@@ -99,7 +102,9 @@ class HeaderBlockCache:
     kubectl and client-go send the same header lines with every request on a
     connection; only the request line changes. The cache is keyed on the
     block's exact bytes, so a hit is the parse those bytes always give: it
-    saves the work, not a check.
+    saves the work, not a check. Only blocks of up to :data:`CACHED_BLOCK`
+    bytes are kept (kubectl's are a few hundred), so an idle connection holds
+    little, whoever opened it.
     """
 
     __slots__ = ("_block", "_raw")
@@ -148,7 +153,7 @@ def parse_request_head(
     else:
         block = _parse_header_block(raw)
         if cache is not None:
-            cache._raw, cache._block = raw, block
+            cache._raw, cache._block = (raw, block) if len(raw) <= CACHED_BLOCK else (None, None)
     tokens = block.tokens
     # close always wins (RFC 9112, 9.3); HTTP/1.0 keeps alive only when asked.
     keep_alive = "close" not in tokens and (minor == "1" or "keep-alive" in tokens)

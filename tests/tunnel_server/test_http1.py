@@ -7,6 +7,7 @@ import time
 import pytest
 
 from tunnel_server.http1 import (
+    CACHED_BLOCK,
     MAX_HEAD,
     CallerRequest,
     HeaderBlockCache,
@@ -340,6 +341,15 @@ def test_a_refused_block_is_refused_every_time() -> None:
     for _ in range(2):
         with pytest.raises(MalformedRequestError):
             parse_request_head(bad, cache)
+
+
+def test_a_large_header_block_is_parsed_but_not_remembered() -> None:
+    cache = HeaderBlockCache()
+    large = (*KUBECTL, "X-Large: " + "v" * CACHED_BLOCK)
+    for _ in range(2):
+        request = parse_request_head(head("GET /k8s/clusters/a/api HTTP/1.1", *large), cache)
+        assert request.headers[-1] == ("x-large", "v" * CACHED_BLOCK)
+    assert cache._raw is None  # an idle connection holds no large block
 
 
 def test_a_bad_request_line_is_refused_whatever_its_header_lines() -> None:
