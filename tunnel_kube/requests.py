@@ -46,9 +46,10 @@ class ApiRequest:
         return self.verb in ("get", "list", "watch") and not self.is_connect
 
 
-#: Targets up to this long are remembered, the most recent first: the lists,
-#: watches and gets a client repeats. Longer ones are read every time, so the
-#: cache holds at most about a megabyte.
+#: Targets up to this many characters are remembered, the most recent first:
+#: the lists, watches and gets a client repeats. Longer ones are read every
+#: time, so the cache holds a few megabytes at most (512 characters may take
+#: up to 4 bytes each).
 _CACHED_TARGET = 512
 _CACHE_SIZE = 1024
 
