@@ -3,6 +3,10 @@
 One proxied request, one event; writing each in its own transaction would
 make the disk the proxy's speed limit. The queue is bounded: when it is full,
 requests wait for room rather than lose their events.
+
+Recording is the part on every request's path, so it is kept to appending a
+tuple to a list (:class:`ProxyAuditRecord` for proxied requests); waking the
+writer, batching and encoding happen once per batch, not once per event.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
-from .store.base import AuditEvent, Store, StoreError
+from .store.base import AuditEvent, ProxyAuditRecord, Store, StoreError
 
 __all__ = ["BATCH_DELAY", "AuditWriter"]
 
@@ -24,7 +28,11 @@ logger = logging.getLogger(__name__)
 
 
 class AuditWriter:
-    """Batches audit events into the store; owns its one writer task."""
+    """Batches audit events into the store; owns its one writer task.
+
+    ``max_queue`` bounds the events held in memory (recorders wait beyond
+    it); ``max_batch`` bounds the events of each kind one transaction writes.
+    """
 
     def __init__(
         self,
@@ -34,23 +42,49 @@ class AuditWriter:
         max_queue: int = 10_000,
         max_batch: int = 500,
     ) -> None:
+        if max_queue < 1 or max_batch < 1:
+            raise ValueError("max_queue and max_batch must be at least 1")
         self._store = store
         self._retention = retention
-        self._queue: asyncio.Queue[AuditEvent] = asyncio.Queue(max_queue)
+        self._max_queue = max_queue
         self._max_batch = max_batch
+        self._events: list[AuditEvent] = []
+        self._proxied: list[ProxyAuditRecord] = []
+        #: Recorded and not yet written (or given up on), both kinds.
+        self._unwritten = 0
+        self._writer_waiter: asyncio.Future[None] | None = None
+        self._room_waiters: list[asyncio.Future[None]] = []
+        self._flush_waiters: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
         self.written = 0
 
-    async def record(self, event: AuditEvent) -> None:
-        """Queue an event (waits only when the queue is full)."""
-        try:
-            self._queue.put_nowait(event)  # one per proxied request: no coroutine
-        except asyncio.QueueFull:
-            await self._queue.put(event)
+    @property
+    def queued(self) -> int:
+        """Events recorded and not yet written."""
+        return self._unwritten
+
+    async def record(self, event: AuditEvent | ProxyAuditRecord) -> None:
+        """Queue an event (waits only while the queue is full)."""
+        while self._unwritten >= self._max_queue:
+            waiter = asyncio.get_running_loop().create_future()
+            self._room_waiters.append(waiter)
+            await waiter
+        if type(event) is ProxyAuditRecord:
+            self._proxied.append(event)
+        else:
+            assert isinstance(event, AuditEvent)
+            self._events.append(event)
+        self._unwritten += 1
+        writer = self._writer_waiter
+        if writer is not None and not writer.done():
+            writer.set_result(None)
 
     async def flush(self) -> None:
-        """Wait until every queued event is written."""
-        await self._queue.join()
+        """Wait until every event recorded so far is written (or given up on)."""
+        while self._unwritten:
+            waiter = asyncio.get_running_loop().create_future()
+            self._flush_waiters.append(waiter)
+            await waiter
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -80,18 +114,43 @@ class AuditWriter:
             await asyncio.sleep(3600)
 
     async def _write_forever(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            batch = [await self._queue.get()]
-            if self._queue.qsize() < self._max_batch:
+            if not self._unwritten:
+                self._writer_waiter = loop.create_future()
+                try:
+                    await self._writer_waiter
+                finally:
+                    self._writer_waiter = None
+            if self._unwritten < self._max_batch:
                 # Let events gather a moment: one transaction for a burst
                 # instead of one per request (the proxy benchmark's c1 CPU).
                 await asyncio.sleep(BATCH_DELAY)
-            while len(batch) < self._max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            try:
-                self.written += await self._store.add_audit_events(batch)
-            except StoreError as exc:
-                logger.error("lost %d audit events: %s", len(batch), exc)
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
+            await self._write_batch()
+
+    async def _write_batch(self) -> None:
+        limit = self._max_batch
+        events, proxied = self._events[:limit], self._proxied[:limit]
+        del self._events[:limit], self._proxied[:limit]
+        try:
+            if proxied:
+                self.written += await self._store.add_proxy_audit(proxied)
+            if events:
+                self.written += await self._store.add_audit_events(events)
+        except StoreError as exc:
+            logger.error("lost %d audit events: %s", len(events) + len(proxied), exc)
+        except Exception:
+            # The writer must outlive any one batch: flush() and recorders wait on it.
+            logger.exception("lost %d audit events", len(events) + len(proxied))
+        finally:
+            self._unwritten -= len(events) + len(proxied)
+            self._wake_all(self._room_waiters)
+            if not self._unwritten:
+                self._wake_all(self._flush_waiters)
+
+    @staticmethod
+    def _wake_all(waiters: list[asyncio.Future[None]]) -> None:
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        waiters.clear()

@@ -25,9 +25,9 @@ from tunnel_kube import parse_api_request
 from tunnel_mux import MuxStream, SessionError
 
 from .auth import parse_bearer
-from .context import ServerContext, utcnow
+from .context import ServerContext
 from .errors import ServerError, UnauthorizedError
-from .store.base import AuditEvent, Grant, StoreError, User
+from .store.base import Grant, ProxyAuditRecord, StoreError, User
 
 __all__ = [
     "DROPPED_RESPONSE_HEADERS",
@@ -192,18 +192,16 @@ async def finish(context: ServerContext, exchange: ProxyExchange) -> None:
     )
     if exchange.user is not None:
         await context.audit.record(
-            AuditEvent(
-                id=None,
-                time=utcnow(),
-                user=exchange.user,
-                cluster=exchange.cluster,
-                kind="proxy",
-                verb=exchange.verb,
-                path=exchange.path[:512],
-                status=exchange.status,
-                bytes_in=exchange.bytes_in,
-                bytes_out=exchange.bytes_out,
-                duration_ms=round(elapsed * 1000),
+            ProxyAuditRecord(
+                time.time_ns() // 1000,
+                exchange.user,
+                exchange.cluster,
+                exchange.verb,
+                exchange.path[:512],
+                exchange.status,
+                exchange.bytes_in,
+                exchange.bytes_out,
+                round(elapsed * 1000),
             )
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,10 +14,11 @@ from tunnel_server.store import (
     AuditEvent,
     AuditKind,
     InvalidValueError,
+    ProxyAuditRecord,
     SqliteStore,
     sqlite_ops,
 )
-from tunnel_server.store.sqlite_codec import MAX_AUDIT_DETAIL_BYTES
+from tunnel_server.store.sqlite_codec import MAX_AUDIT_DETAIL_BYTES, encode_time
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
@@ -191,4 +193,74 @@ async def test_a_batch_the_database_refuses_midway_stores_none_of_it(
     bad = AuditEvent(None, NOW, "ann", "prod", "teleport", "get")  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match="refused a value"):
         await store.add_audit_events([event(0), bad, event(2)])
+    assert await store.list_audit() == []
+
+
+def proxied(time_us: int, *, verb: str = "get", user: str = "ann") -> ProxyAuditRecord:
+    return ProxyAuditRecord(time_us, user, "prod", verb, "/api/v1/pods", 200, 12, 345, 6)
+
+
+def micros(moment: datetime) -> int:
+    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+async def test_a_proxied_request_reads_back_as_a_proxy_event(store: SqliteStore) -> None:
+    assert await store.add_proxy_audit([proxied(micros(NOW))]) == 1
+    [stored] = await store.list_audit()
+    assert stored == AuditEvent(
+        id=stored.id,
+        time=NOW,
+        user="ann",
+        cluster="prod",
+        kind="proxy",
+        verb="get",
+        path="/api/v1/pods",
+        status=200,
+        bytes_in=12,
+        bytes_out=345,
+        duration_ms=6,
+        detail={},
+    )
+    assert stored.id is not None
+
+
+async def test_proxied_times_are_stored_as_the_store_writes_every_time(
+    store: SqliteStore,
+) -> None:
+    # The text SQLite makes must be encode_time's, to the microsecond, or the
+    # trail would not sort and filter as one.
+    rng = random.Random(7)
+    moments = [datetime(1970, 1, 1, tzinfo=UTC), NOW, NOW + timedelta(microseconds=999_999)]
+    moments += [NOW + timedelta(microseconds=rng.randrange(10**15)) for _ in range(300)]
+    await store.add_proxy_audit([proxied(micros(moment)) for moment in moments])
+    texts = await store._run(lambda db: [row[0] for row in db.execute("SELECT time FROM audit")])
+    assert sorted(texts) == sorted(encode_time(moment) for moment in moments)
+
+
+@pytest.mark.parametrize("size", [1, 5, 300, 777])
+async def test_a_batch_of_proxied_requests_is_stored_whole_and_in_order(
+    store: SqliteStore, size: int
+) -> None:
+    # Batches are cut into statements of 256, 64, 16, 4 and 1 rows.
+    start = micros(NOW)
+    batch = [proxied(start, verb=f"verb-{i}") for i in range(size)]
+    assert await store.add_proxy_audit(batch) == size
+    listed = await store.list_audit(limit=MAX_AUDIT_LIMIT)
+    assert [e.verb for e in reversed(listed)] == [f"verb-{i}" for i in range(size)]
+
+
+async def test_proxied_and_other_events_share_one_trail(store: SqliteStore) -> None:
+    other = await store.add_audit(event(0, kind="command"))
+    await store.add_proxy_audit([proxied(micros(NOW + timedelta(minutes=1)), user="bob")])
+    listed = await store.list_audit()
+    assert [(e.kind, e.user) for e in listed] == [("proxy", "bob"), ("command", "ann")]
+    assert listed[1] == other
+    assert await store.list_audit(user="bob", kind="proxy") == listed[:1]
+
+
+async def test_a_proxied_batch_with_a_time_before_1970_stores_none_of_it(
+    store: SqliteStore,
+) -> None:
+    with pytest.raises(InvalidValueError, match="before 1970"):
+        await store.add_proxy_audit([proxied(micros(NOW)), proxied(-1)])
     assert await store.list_audit() == []

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from protocol.errors import TunnelError
 
@@ -54,6 +54,7 @@ __all__ = [
     "InvalidValueError",
     "IssuedCertificate",
     "NotFoundError",
+    "ProxyAuditRecord",
     "SchemaVersionError",
     "Store",
     "StoreClosedError",
@@ -187,6 +188,27 @@ class AuditEvent:
     bytes_out: int = 0
     duration_ms: int = 0
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+class ProxyAuditRecord(NamedTuple):
+    """One proxied request's audit event, as the proxy records it.
+
+    Stored as an :class:`AuditEvent` of kind ``proxy`` with an empty detail,
+    and read back as one. A tuple, not an :class:`AuditEvent`, because one is
+    made for every proxied request on the event loop: it costs a fifth as
+    much to make, and the store turns ``time_us`` into text itself.
+    """
+
+    #: When the request ended, in microseconds since the epoch (UTC).
+    time_us: int
+    user: str
+    cluster: str
+    verb: str
+    path: str
+    status: int
+    bytes_in: int
+    bytes_out: int
+    duration_ms: int
 
 
 # --- Errors -------------------------------------------------------------------
@@ -481,6 +503,10 @@ class Store(CommandStore):
     @abc.abstractmethod
     async def add_audit_events(self, events: Sequence[AuditEvent]) -> int:
         """Record many audit events in one transaction; return how many."""
+
+    @abc.abstractmethod
+    async def add_proxy_audit(self, records: Sequence[ProxyAuditRecord]) -> int:
+        """Record many proxied requests' events in one transaction; return how many."""
 
     @abc.abstractmethod
     async def list_audit(

@@ -36,6 +36,7 @@ from .base import (
     InvalidValueError,
     IssuedCertificate,
     NotFoundError,
+    ProxyAuditRecord,
     Store,
     StoreClosedError,
     StoreError,
@@ -304,6 +305,9 @@ class SqliteStore(Store):
 
     async def add_audit_events(self, events: Sequence[AuditEvent]) -> int:
         return await self._run(ops.add_audit_events, list(events))
+
+    async def add_proxy_audit(self, records: Sequence[ProxyAuditRecord]) -> int:
+        return await self._run(ops.add_proxy_audit, list(records))
 
     async def list_audit(
         self,
