@@ -61,10 +61,11 @@ class RequestHead:
     upgrade: bool = False
 
     def to_open_headers(self) -> dict[str, Any]:
+        # The pairs go as they are: msgpack writes a tuple as an array.
         return {
             "method": self.method,
             "path": self.path,
-            "headers": [list(pair) for pair in self.headers],
+            "headers": self.headers,
             "upgrade": self.upgrade,
         }
 

@@ -80,12 +80,17 @@ class MalformedRequestError(ServerError):
 
 @dataclass(slots=True)
 class CallerRequest:
-    """A parsed request head. Header names are in lower case, in order."""
+    """A parsed request head. Header names are in lower case, in order.
+
+    ``headers`` is the same tuple object for every request whose header lines
+    the connection's :class:`HeaderBlockCache` found unchanged, so a caller of
+    the parse may remember what it decided for it by identity.
+    """
 
     method: str
     target: str
     minor_version: int
-    headers: list[tuple[str, str]]
+    headers: tuple[tuple[str, str], ...]
     content_length: int | None
     #: Transfer-Encoding was sent (the front end leaves such bodies to aiohttp).
     chunked: bool
@@ -161,7 +166,7 @@ def parse_request_head(
         method=method,
         target=target,
         minor_version=int(minor),
-        headers=list(block.headers),
+        headers=block.headers,
         content_length=block.content_length,
         chunked=block.chunked,
         keep_alive=keep_alive,
