@@ -43,6 +43,11 @@ class _TtlCache(Generic[V]):
         self._entries[key] = (now + self._ttl, value)
         return value
 
+    def expiry(self, key: Hashable) -> float:
+        """When the entry for ``key`` expires (monotonic time); 0.0 if there is none."""
+        entry = self._entries.get(key)
+        return 0.0 if entry is None else entry[0]
+
     def clear(self) -> None:
         self._entries.clear()
 
@@ -54,6 +59,9 @@ class AccessCache:
         self._store = store
         self._users: _TtlCache[User | None] = _TtlCache(ttl, max_entries)
         self._grants: _TtlCache[Grant | None] = _TtlCache(ttl, max_entries)
+        #: Counts invalidations: an answer remembered elsewhere under an older
+        #: generation must be asked again.
+        self.generation = 0
 
     async def user_for_token(self, token: str) -> User | None:
         token_hash = hash_token(token)
@@ -76,7 +84,16 @@ class AccessCache:
 
         return await self._grants.get((user, cluster), load)
 
+    def valid_until(self, token: str, user: str, cluster: str) -> float:
+        """Until when (monotonic time) the cached answers for this token and grant hold.
+
+        An answer built from them may be remembered until then, and while
+        :attr:`generation` is unchanged; 0.0 if either is not cached.
+        """
+        return min(self._users.expiry(hash_token(token)), self._grants.expiry((user, cluster)))
+
     def invalidate(self) -> None:
         """Forget everything: users, tokens or grants changed."""
         self._users.clear()
         self._grants.clear()
+        self.generation += 1

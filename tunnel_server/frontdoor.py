@@ -45,6 +45,7 @@ from .http1 import (
 )
 from .proxyrequest import (
     DROPPED_RESPONSE_HEADERS,
+    CallerMemo,
     ProxyExchange,
     ProxyRefusal,
     cluster_of,
@@ -106,6 +107,7 @@ class FrontDoor(asyncio.Protocol):
         #: How much of the buffer is known to hold no complete head.
         self._scanned = 0
         self._header_cache = HeaderBlockCache()
+        self._memo = CallerMemo()
         self._task: asyncio.Task[None] | None = None
         self._body: RequestBody | None = None
         self._reading_paused = False
@@ -268,6 +270,7 @@ class FrontDoor(asyncio.Protocol):
                 request.headers,
                 upgrade=None,
                 has_body=body is not None,
+                memo=self._memo,
             )
             if body is not None:
                 uploader = self._loop.create_task(upload(body.read, stream, exchange))

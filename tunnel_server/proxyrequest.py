@@ -32,6 +32,7 @@ from .store.base import Grant, ProxyAuditRecord, StoreError, User
 __all__ = [
     "DROPPED_RESPONSE_HEADERS",
     "IDENTITY_PREFIX",
+    "CallerMemo",
     "ProxyExchange",
     "ProxyRefusal",
     "cluster_of",
@@ -117,6 +118,28 @@ def cluster_of(raw_target: str) -> str | None:
     return name if _CLUSTER.fullmatch(name) else None
 
 
+@dataclass(slots=True)
+class CallerMemo:
+    """What the server decided for the last request of one caller connection.
+
+    The lean front end keeps one per connection. kubectl sends the same
+    header lines with every request on a connection, which its parse gives as
+    the same tuple (:class:`~tunnel_server.http1.HeaderBlockCache`); while it
+    does, to the same cluster, the caller's user and the headers forwarded
+    for it are those decided for the last request. Only until the access
+    cache's answers they came from expire, and not after any change to users,
+    tokens or grants (:attr:`AccessCache.generation`). Refusals are never kept.
+    """
+
+    headers: object = None
+    cluster: str = ""
+    upgrade: str | None = None
+    generation: int = -1
+    until: float = 0.0
+    user: str = ""
+    forwarded: tuple[tuple[str, str], ...] = ()
+
+
 async def open_relay(
     context: ServerContext,
     exchange: ProxyExchange,
@@ -125,12 +148,73 @@ async def open_relay(
     *,
     upgrade: str | None,
     has_body: bool,
+    memo: CallerMemo | None = None,
 ) -> MuxStream:
     """Check the caller and open the request's stream to the cluster's agent.
 
-    ``headers`` are the caller's, names in lower case. Raises
+    ``headers`` are the caller's, names in lower case; ``memo``, if given,
+    remembers the decision for the connection's next request. Raises
     :class:`ProxyRefusal` with the status to answer.
     """
+    cluster = exchange.cluster
+    remembered = (
+        memo is not None
+        and memo.headers is headers
+        and memo.cluster == cluster
+        and memo.upgrade == upgrade
+        and memo.generation == context.access.generation
+        and time.monotonic() < memo.until
+    )
+    if remembered:
+        assert memo is not None
+        exchange.user = memo.user
+    else:
+        token, user, grant = await _authorize(context, exchange, headers)
+    path = upstream_path(raw_target, cluster)
+    exchange.path = path.split("?", 1)[0]
+    api_request = parse_api_request(exchange.method, path)
+    # exec, attach, portforward are audited as what they are, not as get/create.
+    exchange.verb = api_request.subresource if api_request.is_connect else api_request.verb
+    if remembered:
+        assert memo is not None
+        forwarded = memo.forwarded
+    else:
+        generation = context.access.generation
+        forwarded = tuple(forwarded_headers(headers, upgrade, user, grant))
+        if memo is not None:
+            memo.headers = headers
+            memo.cluster = cluster
+            memo.upgrade = upgrade
+            memo.generation = generation
+            memo.until = context.access.valid_until(token, user.name, cluster)
+            memo.user = user.name
+            memo.forwarded = forwarded
+    agent = context.registry.get(cluster)
+    if agent is None:
+        # Fail fast: no waiting for an agent that may never come.
+        raise ProxyRefusal(
+            503, "ServiceUnavailable", f"cluster {cluster} is not connected (its agent is offline)"
+        )
+    head = RequestHead(exchange.method, path, forwarded, upgrade is not None)
+    try:
+        return agent.session.open_stream(
+            kinds.STREAM_HTTP, head.to_open_headers(), end_stream=not has_body
+        )
+    except HeaderTooLargeError as exc:
+        # Not worth a retry: the same request is as large the next time.
+        raise ProxyRefusal(
+            431, "RequestHeaderFieldsTooLarge", f"the request's headers are too large: {exc}"
+        ) from exc
+    except (LocalProtocolError, SessionError) as exc:
+        raise ProxyRefusal(
+            503, "ServiceUnavailable", f"cluster {cluster} cannot take the request now: {exc}"
+        ) from exc
+
+
+async def _authorize(
+    context: ServerContext, exchange: ProxyExchange, headers: Iterable[tuple[str, str]]
+) -> tuple[str, User, Grant]:
+    """The caller's token, user and grant on the exchange's cluster, or the refusal to answer."""
     cluster = exchange.cluster
     authorization = ""
     for name, value in headers:
@@ -153,35 +237,10 @@ async def open_relay(
         ) from exc
     if user is None:
         raise ProxyRefusal(401, "Unauthorized", "the API token is not valid")
-    exchange.user = user.name
+    exchange.user = user.name  # from here on, refusals are audited under the user
     if grant is None:
         raise ProxyRefusal(403, "Forbidden", f"user {user.name} has no grant on cluster {cluster}")
-    path = upstream_path(raw_target, cluster)
-    exchange.path = path.split("?", 1)[0]
-    api_request = parse_api_request(exchange.method, path)
-    # exec, attach, portforward are audited as what they are, not as get/create.
-    exchange.verb = api_request.subresource if api_request.is_connect else api_request.verb
-    forwarded = forwarded_headers(headers, upgrade, user, grant)
-    agent = context.registry.get(cluster)
-    if agent is None:
-        # Fail fast: no waiting for an agent that may never come.
-        raise ProxyRefusal(
-            503, "ServiceUnavailable", f"cluster {cluster} is not connected (its agent is offline)"
-        )
-    head = RequestHead(exchange.method, path, tuple(forwarded), upgrade is not None)
-    try:
-        return agent.session.open_stream(
-            kinds.STREAM_HTTP, head.to_open_headers(), end_stream=not has_body
-        )
-    except HeaderTooLargeError as exc:
-        # Not worth a retry: the same request is as large the next time.
-        raise ProxyRefusal(
-            431, "RequestHeaderFieldsTooLarge", f"the request's headers are too large: {exc}"
-        ) from exc
-    except (LocalProtocolError, SessionError) as exc:
-        raise ProxyRefusal(
-            503, "ServiceUnavailable", f"cluster {cluster} cannot take the request now: {exc}"
-        ) from exc
+    return token, user, grant
 
 
 async def finish(context: ServerContext, exchange: ProxyExchange) -> None:

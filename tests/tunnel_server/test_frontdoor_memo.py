@@ -1,0 +1,110 @@
+"""A caller connection's remembered decision: reused only while nothing it rests on changed.
+
+The front door remembers, per connection, the user and the forwarded headers
+it decided for the last request's header lines. These tests use the real
+server, agent and API stand-in (the e2e ``tunnel`` fixture) over real TLS,
+and check both that the decision is reused and that it never outlives a
+revocation: through the API, in the store behind the server's back (once
+the access cache's answers expire), or by other header lines.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e import test_kubectl_tunnel as kubectl_e2e
+from tests.e2e.test_kubectl_tunnel import Tunnel
+from tunnel_server.access import AccessCache
+from tunnel_server.store.base import User
+
+from .frontdoor_support import PODS, assert_status_object, caller, get, request
+
+server = kubectl_e2e.server
+tunnel = kubectl_e2e.tunnel
+
+
+def count_token_lookups(tunnel: Tunnel, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record each time the server looks up who a token is."""
+    access = tunnel.server.context.access
+    lookup = access.user_for_token
+    seen: list[str] = []
+
+    async def counted(token: str) -> User | None:
+        seen.append(token)
+        return await lookup(token)
+
+    monkeypatch.setattr(access, "user_for_token", counted)
+    return seen
+
+
+async def test_repeated_requests_on_a_connection_reuse_the_decision_and_its_identity(
+    tunnel: Tunnel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lookups = count_token_lookups(tunnel, monkeypatch)
+    async with caller(tunnel.server) as connection:
+        for _ in range(3):
+            connection.send(get(tunnel, f"{PODS}/demo"))
+            assert (await connection.reply()).status == 200
+    assert len(lookups) == 1
+    seen = [e for e in tunnel.stub.requests if e.path.endswith("/pods/demo")]
+    assert len(seen) == 3
+    for entry in seen:
+        assert entry.header("Impersonate-User") == "tunnel:alice"
+        assert entry.header_values("Impersonate-Group") == ["tunnel:platform"]
+        assert entry.header("Authorization") == f"Bearer {tunnel.stub.token}"
+
+
+async def test_a_grant_deleted_through_the_api_refuses_the_next_request_on_the_connection(
+    tunnel: Tunnel,
+) -> None:
+    async with caller(tunnel.server) as connection:
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        assert (await connection.reply()).status == 200
+        status, _ = await tunnel.server.api("DELETE", "/api/v1/grants/alice/prod-eu")
+        assert status in (200, 204)
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        assert_status_object(await connection.reply(), 403, "Forbidden")
+
+
+async def test_tokens_revoked_through_the_api_refuse_the_next_request_on_the_connection(
+    tunnel: Tunnel,
+) -> None:
+    async with caller(tunnel.server) as connection:
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        assert (await connection.reply()).status == 200
+        status, _ = await tunnel.server.api("DELETE", "/api/v1/users/alice/tokens")
+        assert status in (200, 204)
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        assert_status_object(await connection.reply(), 401, "Unauthorized")
+
+
+async def test_a_grant_deleted_behind_the_servers_back_is_seen_once_the_cache_expires(
+    tunnel: Tunnel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another replica changed the store: nothing invalidates this server's
+    # caches. With answers that expire at once, the next request must see it.
+    context = tunnel.server.context
+    monkeypatch.setattr(context, "access", AccessCache(context.store, ttl=0.0))
+    async with caller(tunnel.server) as connection:
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        assert (await connection.reply()).status == 200
+        await context.store.delete_grant("alice", "prod-eu")
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        assert_status_object(await connection.reply(), 403, "Forbidden")
+
+
+async def test_another_token_on_the_same_connection_is_checked_afresh(tunnel: Tunnel) -> None:
+    async with caller(tunnel.server) as connection:
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        assert (await connection.reply()).status == 200
+        connection.send(request("GET", f"{PODS}/demo", "not-a-token"))
+        assert_status_object(await connection.reply(), 401, "Unauthorized")
+
+
+async def test_another_cluster_on_the_same_connection_is_checked_afresh(tunnel: Tunnel) -> None:
+    await tunnel.server.add_cluster("staging")
+    async with caller(tunnel.server) as connection:
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        assert (await connection.reply()).status == 200
+        connection.send(get(tunnel, "/k8s/clusters/staging/api/v1/namespaces"))
+        assert_status_object(await connection.reply(), 403, "Forbidden")
