@@ -88,8 +88,10 @@ class Session:
         self._pings: dict[int, asyncio.Future[float]] = {}
         self._handler_tasks: set[asyncio.Task[None]] = set()
         self._handler_of: dict[int, asyncio.Task[None]] = {}
-        self._wakeup = asyncio.Event()
-        self._wakeup.set()  # the HELLO is already queued
+        # The writer's wake-up: a flag, and a future only while it sleeps (an
+        # Event costs more, and _kick runs for every write and acknowledgement).
+        self._kicked = True  # the HELLO is already queued
+        self._writer_waiter: asyncio.Future[None] | None = None
         self._ready: asyncio.Future[HandshakeCompleted] = asyncio.get_running_loop().create_future()
         self._closed = asyncio.Event()  # torn down: every task finished
         self._ended = asyncio.Event()  # over: no stream can be used any more
@@ -233,9 +235,16 @@ class Session:
 
     async def _write_loop(self) -> None:
         connection = self.connection
+        loop = asyncio.get_running_loop()
         while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
+            if not self._kicked:
+                waiter = self._writer_waiter = loop.create_future()
+                try:
+                    await waiter
+                finally:
+                    self._writer_waiter = None
+            # Kicks from here on, even while a message is being sent, make another pass.
+            self._kicked = False
             while messages := connection.data_to_send(max_messages=1):
                 try:
                     await self._transport.send(messages[0])
@@ -389,7 +398,10 @@ class Session:
     # --------------------------------------------------------------- helpers
 
     def _kick(self) -> None:
-        self._wakeup.set()
+        self._kicked = True
+        waiter = self._writer_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _track(self, stream: MuxStream) -> None:
         self._streams[stream.id] = stream

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -38,6 +39,7 @@ async def session_pair(
     *,
     limits: Limits | None = None,
     keepalive: Keepalive | None = None,
+    on_server_message: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> AsyncIterator[Pair]:
     """A client and a server session joined in memory, both running."""
     client_transport, server_transport = transport_pair()
@@ -50,6 +52,7 @@ async def session_pair(
     server = Session(
         server_transport,
         Connection(Side.SERVER, limits, keepalive=keepalive),
+        handlers=SessionHandlers(on_message=on_server_message),
         label="server",
     )
     tasks = [asyncio.create_task(client.run()), asyncio.create_task(server.run())]
@@ -278,3 +281,32 @@ async def test_a_goaway_in_the_hellos_message_ends_the_session_with_the_peers_re
     await run
     reason = "the peer closed the connection (PROTOCOL_ERROR): go away at once"
     assert session.close_reason == reason
+
+
+async def test_a_message_queued_while_the_writer_is_sending_goes_out_without_another_kick() -> None:
+    got: list[tuple[str, dict[str, Any]]] = []
+    arrived = asyncio.Event()
+
+    def on_message(kind: str, body: dict[str, Any]) -> None:
+        got.append((kind, body))
+        if len(got) == 2:
+            arrived.set()
+
+    async with session_pair(on_server_message=on_message) as pair:
+        gate = asyncio.Event()
+        sending = asyncio.Event()
+        send = pair.client_transport.send
+
+        async def held_send(message: bytes) -> None:
+            sending.set()
+            await gate.wait()
+            await send(message)
+
+        pair.client_transport.send = held_send  # type: ignore[method-assign]
+        pair.client.send_message("first", {"n": 1})
+        await sending.wait()  # the writer is inside send, holding the first message
+        pair.client.send_message("second", {"n": 2})
+        pair.client_transport.send = send  # type: ignore[method-assign]
+        gate.set()
+        await asyncio.wait_for(arrived.wait(), 5)
+        assert got == [("first", {"n": 1}), ("second", {"n": 2})]
