@@ -10,6 +10,8 @@ client for typed calls (Secrets, apply).
 from __future__ import annotations
 
 import ssl
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,13 @@ from yarl import URL
 
 from .errors import AgentConfigError
 
-__all__ = ["KubeApi", "load_kube_configuration"]
+__all__ = ["CREDENTIAL_REUSE", "KubeApi", "load_kube_configuration"]
+
+#: Seconds the agent's Authorization value is reused before it is asked for
+#: again. kubernetes_asyncio re-reads a rotated service-account token (or runs
+#: a kubeconfig's exec plugin) only when its own, longer, period is up; asking
+#: it for every relayed request cost two coroutines and a dict each time.
+CREDENTIAL_REUSE = 1.0
 
 
 async def load_kube_configuration(kubeconfig: Path | None) -> Any:
@@ -43,12 +51,15 @@ async def load_kube_configuration(kubeconfig: Path | None) -> Any:
 class KubeApi:
     """Relays raw HTTP to the API server with the agent's own credentials."""
 
-    def __init__(self, configuration: Any) -> None:
+    def __init__(self, configuration: Any, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.configuration = configuration
         self.base_url = str(configuration.host).rstrip("/")
         self.ssl_context = _ssl_context(configuration)
         self._session: aiohttp.ClientSession | None = None
         self._api_client: Any = None
+        self._clock = clock
+        self._authorization: str | None = None
+        self._authorization_until = float("-inf")
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -68,10 +79,19 @@ class KubeApi:
         return URL(self.base_url + path, encoded=True)
 
     async def authorization(self) -> str | None:
-        """The agent's Authorization header value, refreshed as needed."""
+        """The agent's Authorization header value, refreshed as needed.
+
+        Reused for :data:`CREDENTIAL_REUSE` seconds: a rotated token is sent
+        at most that long after kubernetes_asyncio has read it.
+        """
+        now = self._clock()
+        if now < self._authorization_until:
+            return self._authorization
         settings = await self.configuration.auth_settings()
         bearer = settings.get("BearerToken")
-        return str(bearer["value"]) if bearer and bearer.get("value") else None
+        value = str(bearer["value"]) if bearer and bearer.get("value") else None
+        self._authorization, self._authorization_until = value, now + CREDENTIAL_REUSE
+        return value
 
     def api_client(self) -> Any:
         """A kubernetes_asyncio ApiClient on the same credentials (shared)."""
