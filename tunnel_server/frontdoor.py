@@ -114,6 +114,8 @@ class FrontDoor(asyncio.Protocol):
         self._writing_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
+        #: When an idle connection is closed; None while a request is served.
+        self._idle_deadline: float | None = None
         self._keep_alive = True
         self._lost = False
 
@@ -216,7 +218,7 @@ class FrontDoor(asyncio.Protocol):
         ):
             self._hand_over()
             return
-        self._cancel_idle_timer()
+        self._idle_deadline = None  # the timer runs between requests only
         rest = bytes(memoryview(self._buffer)[end + 4 :])
         self._buffer.clear()
         self._scanned = 0
@@ -440,10 +442,24 @@ class FrontDoor(asyncio.Protocol):
             self._transport.resume_reading()
 
     def _arm_idle_timer(self) -> None:
-        self._cancel_idle_timer()
-        self._idle_timer = self._loop.call_later(self._keepalive_timeout, self.close)
+        # One timer per connection, not one per request: a timer that fires
+        # early (the connection was busy, or idle for less) sets itself again.
+        self._idle_deadline = self._loop.time() + self._keepalive_timeout
+        if self._idle_timer is None:
+            self._idle_timer = self._loop.call_at(self._idle_deadline, self._idle_timeout)
+
+    def _idle_timeout(self) -> None:
+        self._idle_timer = None
+        deadline = self._idle_deadline
+        if deadline is None:
+            return  # serving a request: armed again when it ends
+        if self._loop.time() < deadline:
+            self._idle_timer = self._loop.call_at(deadline, self._idle_timeout)
+            return
+        self.close()
 
     def _cancel_idle_timer(self) -> None:
+        self._idle_deadline = None
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
