@@ -20,61 +20,80 @@ V = TypeVar("V")
 
 
 class _TtlCache(Generic[V]):
-    def __init__(self, ttl: float, max_entries: int) -> None:
+    def __init__(self, ttl: float, max_entries: int, clock: Callable[[], float]) -> None:
         self._ttl = ttl
         self._max = max_entries
+        self._clock = clock
         self._entries: dict[Hashable, tuple[float, V]] = {}
 
-    def peek(self, key: Hashable) -> tuple[bool, V | None]:
-        """(True, value) for a live entry, else (False, None); never waits."""
+    def peek(self, key: Hashable) -> tuple[float, V | None]:
+        """(expiry, value) of a live entry, else (0.0, None); never waits."""
         entry = self._entries.get(key)
-        if entry is not None and entry[0] > time.monotonic():
-            return True, entry[1]
-        return False, None
+        if entry is not None and entry[0] > self._clock():
+            return entry
+        return 0.0, None
 
-    async def get(self, key: Hashable, load: Callable[[], Awaitable[V]]) -> V:
-        now = time.monotonic()
+    async def get(self, key: Hashable, load: Callable[[], Awaitable[V]]) -> tuple[float, V]:
+        """(expiry, value): the live entry's, or a value loaded now and kept until the expiry."""
+        now = self._clock()
         entry = self._entries.get(key)
         if entry is not None and entry[0] > now:
-            return entry[1]
+            return entry
         value = await load()
         if len(self._entries) >= self._max:
             del self._entries[next(iter(self._entries))]
-        self._entries[key] = (now + self._ttl, value)
-        return value
-
-    def expiry(self, key: Hashable) -> float:
-        """When the entry for ``key`` expires (monotonic time); 0.0 if there is none."""
-        entry = self._entries.get(key)
-        return 0.0 if entry is None else entry[0]
+        entry = self._entries[key] = (now + self._ttl, value)
+        return entry
 
     def clear(self) -> None:
         self._entries.clear()
 
 
 class AccessCache:
-    """Cached token -> user and (user, cluster) -> grant lookups."""
+    """Cached token -> user and (user, cluster) -> grant lookups.
 
-    def __init__(self, store: Store, ttl: float = 5.0, max_entries: int = 10_000) -> None:
+    The ``lookup_*`` methods also say until when (on :attr:`clock`) the
+    answer they give holds: an answer derived from several of them may be
+    remembered until the earliest, and while :attr:`generation` is the one
+    read before they were asked.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        ttl: float = 5.0,
+        max_entries: int = 10_000,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._store = store
-        self._users: _TtlCache[User | None] = _TtlCache(ttl, max_entries)
-        self._grants: _TtlCache[Grant | None] = _TtlCache(ttl, max_entries)
+        self.clock = clock
+        self._users: _TtlCache[User | None] = _TtlCache(ttl, max_entries, clock)
+        self._grants: _TtlCache[Grant | None] = _TtlCache(ttl, max_entries, clock)
         #: Counts invalidations: an answer remembered elsewhere under an older
         #: generation must be asked again.
         self.generation = 0
 
     async def user_for_token(self, token: str) -> User | None:
-        token_hash = hash_token(token)
-        found, user = self._users.peek(token_hash)
-        if found:
-            return user
-        return await self._users.get(token_hash, lambda: self._store.find_user_by_token(token_hash))
+        return (await self.lookup_user(token))[1]
 
     async def grant(self, user: str, cluster: str) -> Grant | None:
+        return (await self.lookup_grant(user, cluster))[1]
+
+    async def lookup_user(self, token: str) -> tuple[float, User | None]:
+        """(until when the answer holds, the token's user or None)."""
+        token_hash = hash_token(token)
+        entry = self._users.peek(token_hash)
+        if entry[0]:
+            return entry
+        return await self._users.get(token_hash, lambda: self._store.find_user_by_token(token_hash))
+
+    async def lookup_grant(self, user: str, cluster: str) -> tuple[float, Grant | None]:
+        """(until when the answer holds, the user's grant on the cluster or None)."""
         # The cached answer without building a loader: every proxied request asks.
-        found, grant = self._grants.peek((user, cluster))
-        if found:
-            return grant
+        entry = self._grants.peek((user, cluster))
+        if entry[0]:
+            return entry
 
         async def load() -> Grant | None:
             try:
@@ -83,14 +102,6 @@ class AccessCache:
                 return None
 
         return await self._grants.get((user, cluster), load)
-
-    def valid_until(self, token: str, user: str, cluster: str) -> float:
-        """Until when (monotonic time) the cached answers for this token and grant hold.
-
-        An answer built from them may be remembered until then, and while
-        :attr:`generation` is unchanged; 0.0 if either is not cached.
-        """
-        return min(self._users.expiry(hash_token(token)), self._grants.expiry((user, cluster)))
 
     def invalidate(self) -> None:
         """Forget everything: users, tokens or grants changed."""

@@ -101,6 +101,7 @@ async def new_user_token(request: web.Request) -> web.Response:
     await context.store.get_user(name)
     if request.query.get("revoke_others") in ("1", "true"):
         await context.store.revoke_api_tokens(name)
+        context.access.invalidate()  # at once, not after the new token is stored
     token = await _issue_token(context, name)
     await _audit(context, admin.name, "user.token", name)
     return json_response({"user": name, "token": token}, status=201)

@@ -272,7 +272,9 @@ class FrontDoor(asyncio.Protocol):
                 request.headers,
                 upgrade=None,
                 has_body=body is not None,
-                memo=self._memo,
+                # Only a block the connection remembers can repeat: a larger one is
+                # parsed anew each time and would only be held here for nothing.
+                memo=self._memo if self._header_cache.holds(request.headers) else None,
             )
             if body is not None:
                 uploader = self._loop.create_task(upload(body.read, stream, exchange))

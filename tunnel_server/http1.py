@@ -118,6 +118,10 @@ class HeaderBlockCache:
         self._raw: bytes | None = None
         self._block: _HeaderBlock | None = None
 
+    def holds(self, headers: tuple[tuple[str, str], ...]) -> bool:
+        """True if ``headers`` are the remembered block's (the next repeat gives them again)."""
+        return self._block is not None and self._block.headers is headers
+
 
 @dataclass(frozen=True, slots=True)
 class _HeaderBlock:

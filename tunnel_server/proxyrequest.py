@@ -127,7 +127,7 @@ class CallerMemo:
     the same tuple (:class:`~tunnel_server.http1.HeaderBlockCache`); while it
     does, to the same cluster, the caller's user and the headers forwarded
     for it are those decided for the last request. Only until the access
-    cache's answers they came from expire, and not after any change to users,
+    cache's answers it came from expire, and not after any change to users,
     tokens or grants (:attr:`AccessCache.generation`). Refusals are never kept.
     """
 
@@ -157,19 +157,22 @@ async def open_relay(
     :class:`ProxyRefusal` with the status to answer.
     """
     cluster = exchange.cluster
+    access = context.access
+    # Read before asking: an invalidation while the answers load is seen next time.
+    generation = access.generation
     remembered = (
         memo is not None
         and memo.headers is headers
         and memo.cluster == cluster
         and memo.upgrade == upgrade
-        and memo.generation == context.access.generation
-        and time.monotonic() < memo.until
+        and memo.generation == generation
+        and access.clock() < memo.until
     )
     if remembered:
         assert memo is not None
         exchange.user = memo.user
     else:
-        token, user, grant = await _authorize(context, exchange, headers)
+        until, user, grant = await _authorize(context, exchange, headers)
     path = upstream_path(raw_target, cluster)
     exchange.path = path.split("?", 1)[0]
     api_request = parse_api_request(exchange.method, path)
@@ -179,14 +182,13 @@ async def open_relay(
         assert memo is not None
         forwarded = memo.forwarded
     else:
-        generation = context.access.generation
         forwarded = tuple(forwarded_headers(headers, upgrade, user, grant))
         if memo is not None:
             memo.headers = headers
             memo.cluster = cluster
             memo.upgrade = upgrade
             memo.generation = generation
-            memo.until = context.access.valid_until(token, user.name, cluster)
+            memo.until = until
             memo.user = user.name
             memo.forwarded = forwarded
     agent = context.registry.get(cluster)
@@ -213,8 +215,11 @@ async def open_relay(
 
 async def _authorize(
     context: ServerContext, exchange: ProxyExchange, headers: Iterable[tuple[str, str]]
-) -> tuple[str, User, Grant]:
-    """The caller's token, user and grant on the exchange's cluster, or the refusal to answer."""
+) -> tuple[float, User, Grant]:
+    """The caller's user and grant on the exchange's cluster, or the refusal to answer.
+
+    Also until when (on the access cache's clock) both answers hold.
+    """
     cluster = exchange.cluster
     authorization = ""
     for name, value in headers:
@@ -226,8 +231,10 @@ async def _authorize(
     except UnauthorizedError as exc:
         raise ProxyRefusal(401, "Unauthorized", exc.message) from exc
     try:
-        user = await context.access.user_for_token(token)
-        grant = None if user is None else await context.access.grant(user.name, cluster)
+        user_until, user = await context.access.lookup_user(token)
+        grant_until, grant = (
+            (0.0, None) if user is None else await context.access.lookup_grant(user.name, cluster)
+        )
     except StoreError as exc:
         # The store's text may be SQLite's: logged here, not told to a caller
         # whose token is not even checked yet.
@@ -240,7 +247,7 @@ async def _authorize(
     exchange.user = user.name  # from here on, refusals are audited under the user
     if grant is None:
         raise ProxyRefusal(403, "Forbidden", f"user {user.name} has no grant on cluster {cluster}")
-    return token, user, grant
+    return min(user_until, grant_until), user, grant
 
 
 async def finish(context: ServerContext, exchange: ProxyExchange) -> None:

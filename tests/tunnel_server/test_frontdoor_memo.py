@@ -26,14 +26,14 @@ tunnel = kubectl_e2e.tunnel
 def count_token_lookups(tunnel: Tunnel, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record each time the server looks up who a token is."""
     access = tunnel.server.context.access
-    lookup = access.user_for_token
+    lookup = access.lookup_user
     seen: list[str] = []
 
-    async def counted(token: str) -> User | None:
+    async def counted(token: str) -> tuple[float, User | None]:
         seen.append(token)
         return await lookup(token)
 
-    monkeypatch.setattr(access, "user_for_token", counted)
+    monkeypatch.setattr(access, "lookup_user", counted)
     return seen
 
 
@@ -108,3 +108,44 @@ async def test_another_cluster_on_the_same_connection_is_checked_afresh(tunnel: 
         assert (await connection.reply()).status == 200
         connection.send(get(tunnel, "/k8s/clusters/staging/api/v1/namespaces"))
         assert_status_object(await connection.reply(), 403, "Forbidden")
+
+
+async def test_a_deleted_cluster_refuses_the_next_request_as_without_a_grant(
+    tunnel: Tunnel,
+) -> None:
+    # Its grants go with it (the store's cascade): the decision must go too.
+    async with caller(tunnel.server) as connection:
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        assert (await connection.reply()).status == 200
+        status, _ = await tunnel.server.api("DELETE", "/api/v1/clusters/prod-eu")
+        assert status == 200
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        assert_status_object(await connection.reply(), 403, "Forbidden")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_decision_lasts_no_longer_than_the_earliest_answer_it_came_from(
+    tunnel: Tunnel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    context = tunnel.server.context
+    clock = Clock()
+    access = AccessCache(context.store, ttl=5.0, clock=clock)
+    monkeypatch.setattr(context, "access", access)
+    await access.lookup_user(tunnel.alice_token)  # the user's answer: until 1005
+    clock.now = 1004.9
+    async with caller(tunnel.server) as connection:
+        # The user's answer is reused, the grant's loaded now (until 1009.9).
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        assert (await connection.reply()).status == 200
+        # Another replica revokes the token: nothing tells this server.
+        await context.store.revoke_api_tokens("alice")
+        clock.now = 1006.0  # past the user's answer, within the grant's
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        assert_status_object(await connection.reply(), 401, "Unauthorized")
