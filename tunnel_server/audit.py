@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from .store.base import AuditEvent, ProxyAuditRecord, Store, StoreError
 
@@ -50,54 +51,78 @@ class AuditWriter:
         self._max_batch = max_batch
         self._events: list[AuditEvent] = []
         self._proxied: list[ProxyAuditRecord] = []
-        #: Recorded and not yet written (or given up on), both kinds.
-        self._unwritten = 0
+        #: Recorded, and written or given up on, by kind: flush() waits for counts.
+        self._events_recorded = self._events_done = 0
+        self._proxied_recorded = self._proxied_done = 0
         self._writer_waiter: asyncio.Future[None] | None = None
         self._room_waiters: list[asyncio.Future[None]] = []
         self._flush_waiters: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
+        #: The writer task has ended: nothing more will be written.
+        self._stopped = False
         self.written = 0
+        self.dropped = 0
 
     @property
     def queued(self) -> int:
-        """Events recorded and not yet written."""
-        return self._unwritten
+        """Events recorded and not yet written (nor given up on)."""
+        return (self._events_recorded - self._events_done) + (
+            self._proxied_recorded - self._proxied_done
+        )
 
     async def record(self, event: AuditEvent | ProxyAuditRecord) -> None:
         """Queue an event (waits only while the queue is full)."""
-        while self._unwritten >= self._max_queue:
+        while self.queued >= self._max_queue and not self._stopped:
             waiter = asyncio.get_running_loop().create_future()
             self._room_waiters.append(waiter)
             await waiter
+        if self._stopped:
+            self._drop()
+            return
         if type(event) is ProxyAuditRecord:
             self._proxied.append(event)
+            self._proxied_recorded += 1
         else:
             assert isinstance(event, AuditEvent)
             self._events.append(event)
-        self._unwritten += 1
+            self._events_recorded += 1
         writer = self._writer_waiter
         if writer is not None and not writer.done():
             writer.set_result(None)
 
-    async def flush(self) -> None:
-        """Wait until every event recorded so far is written (or given up on)."""
-        while self._unwritten:
+    def flush(self) -> Coroutine[Any, Any, None]:
+        """Wait until every event recorded before the call is written (or given up on).
+
+        Events recorded after the call, even before the wait begins, do not
+        hold it up. Returns at once if the writer has stopped.
+        """
+        return self._flushed(self._events_recorded, self._proxied_recorded)
+
+    async def _flushed(self, events: int, proxied: int) -> None:
+        while not self._stopped and (self._events_done < events or self._proxied_done < proxied):
             waiter = asyncio.get_running_loop().create_future()
             self._flush_waiters.append(waiter)
-            await waiter
+            try:
+                await waiter
+            finally:
+                if waiter in self._flush_waiters:
+                    self._flush_waiters.remove(waiter)  # a cancelled flush leaves nothing
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """Write while the block runs; flush what is queued at its end."""
         self._task = asyncio.create_task(self._write_forever(), name="audit writer")
+        self._task.add_done_callback(self._writer_stopped)
         pruner = asyncio.create_task(self._prune_forever(), name="audit pruner")
         try:
             yield
         finally:
-            await self.flush()
-            self._task.cancel()
-            pruner.cancel()
-            await asyncio.gather(self._task, pruner, return_exceptions=True)
+            try:
+                await self.flush()
+            finally:
+                self._task.cancel()
+                pruner.cancel()
+                await asyncio.gather(self._task, pruner, return_exceptions=True)
 
     async def _prune_forever(self) -> None:
         """Forget events older than the retention, hourly (the trail stays bounded)."""
@@ -116,37 +141,64 @@ class AuditWriter:
     async def _write_forever(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not self._unwritten:
+            if not self.queued:
                 self._writer_waiter = loop.create_future()
                 try:
                     await self._writer_waiter
                 finally:
                     self._writer_waiter = None
-            if self._unwritten < self._max_batch:
+            if self.queued < self._max_batch:
                 # Let events gather a moment: one transaction for a burst
                 # instead of one per request (the proxy benchmark's c1 CPU).
                 await asyncio.sleep(BATCH_DELAY)
             await self._write_batch()
 
     async def _write_batch(self) -> None:
+        # Each kind is taken, written and counted on its own: a failure of one
+        # loses only its own events (the others' are security events too).
         limit = self._max_batch
-        events, proxied = self._events[:limit], self._proxied[:limit]
-        del self._events[:limit], self._proxied[:limit]
         try:
-            if proxied:
-                self.written += await self._store.add_proxy_audit(proxied)
-            if events:
-                self.written += await self._store.add_audit_events(events)
-        except StoreError as exc:
-            logger.error("lost %d audit events: %s", len(events) + len(proxied), exc)
-        except Exception:
-            # The writer must outlive any one batch: flush() and recorders wait on it.
-            logger.exception("lost %d audit events", len(events) + len(proxied))
+            if self._proxied:
+                proxied = self._proxied[:limit]
+                del self._proxied[:limit]
+                try:
+                    self.written += await self._store.add_proxy_audit(proxied)
+                except Exception as exc:  # noqa: BLE001 - the writer outlives any batch
+                    self._lost(f"{len(proxied)} proxied requests' audit events", exc)
+                finally:
+                    self._proxied_done += len(proxied)
+            if self._events:
+                events = self._events[:limit]
+                del self._events[:limit]
+                try:
+                    self.written += await self._store.add_audit_events(events)
+                except Exception as exc:  # noqa: BLE001 - the writer outlives any batch
+                    self._lost(f"{len(events)} audit events", exc)
+                finally:
+                    self._events_done += len(events)
         finally:
-            self._unwritten -= len(events) + len(proxied)
             self._wake_all(self._room_waiters)
-            if not self._unwritten:
-                self._wake_all(self._flush_waiters)
+            self._wake_all(self._flush_waiters)
+
+    @staticmethod
+    def _lost(what: str, exc: Exception) -> None:
+        if isinstance(exc, StoreError):
+            logger.error("lost %s: %s", what, exc)
+        else:
+            logger.error("lost %s", what, exc_info=exc)
+
+    def _drop(self) -> None:
+        if not self.dropped:
+            logger.error("the audit writer has stopped: audit events are being lost")
+        self.dropped += 1
+
+    def _writer_stopped(self, task: asyncio.Task[None]) -> None:
+        # Whatever ended it, nobody may wait for it any more.
+        self._stopped = True
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("the audit writer failed", exc_info=task.exception())
+        self._wake_all(self._room_waiters)
+        self._wake_all(self._flush_waiters)
 
     @staticmethod
     def _wake_all(waiters: list[asyncio.Future[None]]) -> None:

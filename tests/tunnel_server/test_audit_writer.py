@@ -20,13 +20,21 @@ class GatedStore(SqliteStore):
 
     gate: asyncio.Event
     entered: asyncio.Event
+    #: When set, each proxied batch waits for a permit of its own.
+    permits: asyncio.Semaphore | None
     batches: list[int]
     failures: int
+    #: Raised from the next proxied batch, ending the writer task.
+    fatal: BaseException | None
 
     async def add_proxy_audit(self, records: Sequence[ProxyAuditRecord]) -> int:
         self.batches.append(len(records))
         self.entered.set()
         await self.gate.wait()
+        if self.permits is not None:
+            await self.permits.acquire()
+        if self.fatal is not None:
+            raise self.fatal
         if self.failures:
             self.failures -= 1
             raise StoreError("the disk is full")
@@ -40,8 +48,10 @@ async def store(tmp_path: Path) -> AsyncIterator[GatedStore]:
     store.gate = asyncio.Event()
     store.gate.set()
     store.entered = asyncio.Event()
+    store.permits = None
     store.batches = []
     store.failures = 0
+    store.fatal = None
     yield store
     await store.close()
 
@@ -118,7 +128,7 @@ async def test_a_batch_the_store_refuses_is_given_up_and_the_writer_goes_on(
     async with writer.running():
         await writer.record(proxied(0))
         await writer.flush()  # returns: the event is given up, not kept forever
-        assert "lost 1 audit events: the disk is full" in caplog.text
+        assert "lost 1 proxied requests' audit events: the disk is full" in caplog.text
         await writer.record(proxied(1))
         await writer.flush()
         assert [event.verb for event in await store.list_audit()] == ["verb-1"]
@@ -137,3 +147,51 @@ async def test_events_recorded_before_the_end_of_running_are_written(store: Gate
 def test_bounds_below_one_are_refused(store: GatedStore, max_queue: int, max_batch: int) -> None:
     with pytest.raises(ValueError, match="at least 1"):
         AuditWriter(store, max_queue=max_queue, max_batch=max_batch)
+
+
+async def test_a_flush_waits_for_the_events_before_it_not_for_later_ones(
+    store: GatedStore,
+) -> None:
+    store.permits = asyncio.Semaphore(0)
+    writer = AuditWriter(store, max_batch=1)
+    async with writer.running():
+        await writer.record(proxied(0))
+        await store.entered.wait()  # the writer holds the first event
+        flushing = asyncio.create_task(writer.flush())
+        await writer.record(proxied(1))  # recorded after the flush began
+        store.permits.release()  # the first event only
+        await asyncio.wait_for(flushing, 5)
+        assert writer.queued == 1  # the later event still waits: flush did not
+        store.permits.release()
+        await writer.flush()
+        assert writer.written == 2
+
+
+async def test_a_failed_proxied_batch_loses_only_its_own_events(
+    store: GatedStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.gate.clear()
+    store.failures = 1
+    writer = AuditWriter(store)
+    async with writer.running():
+        await writer.record(proxied(0))
+        await writer.record(other("grant"))  # taken in the same pass
+        store.gate.set()
+        await writer.flush()
+        assert [event.verb for event in await store.list_audit()] == ["grant"]
+    assert "lost 1 proxied requests' audit events" in caplog.text
+    assert writer.written == 1
+
+
+async def test_once_the_writer_has_ended_flush_returns_and_recorders_do_not_wait(
+    store: GatedStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.fatal = asyncio.CancelledError()  # ends the writer task from inside a batch
+    writer = AuditWriter(store, max_queue=1)
+    async with writer.running():
+        await writer.record(proxied(0))
+        await asyncio.wait_for(writer.flush(), 5)
+        for n in range(3):  # beyond max_queue: dropped, not waited for
+            await asyncio.wait_for(writer.record(proxied(n)), 5)
+    assert writer.dropped == 3
+    assert "the audit writer has stopped" in caplog.text
