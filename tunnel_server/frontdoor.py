@@ -66,6 +66,10 @@ KEEPALIVE_TIMEOUT = 75.0
 LINGER_SECONDS = 5.0
 #: Bytes of an answer gathered before they are written to the caller's socket.
 OUTPUT_FLUSH = 64 * 1024
+#: How early a timer may fire and still count as on time: uvloop's clock and
+#: timers keep whole milliseconds, so a timer may fire up to 1 ms before its
+#: deadline, and setting it again for the same deadline would fire it again at once.
+TIMER_SLACK = 0.002
 
 
 class FrontDoors:
@@ -455,7 +459,7 @@ class FrontDoor(asyncio.Protocol):
         deadline = self._idle_deadline
         if deadline is None:
             return  # serving a request: armed again when it ends
-        if self._loop.time() < deadline:
+        if deadline - self._loop.time() > TIMER_SLACK:
             self._idle_timer = self._loop.call_at(deadline, self._idle_timeout)
             return
         self.close()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
+import uvloop
 from aiohttp import web
 
 from tunnel_server.frontdoor import FrontDoor, FrontDoors
@@ -146,3 +148,45 @@ async def test_a_single_gathered_part_is_written_as_it_is() -> None:
     out.add(b"x" * (2 * JOIN_LIMIT))
     out.flush()
     assert transport.writes == [b"x" * (2 * JOIN_LIMIT)]
+
+
+class ClosingTransport(FakeTransport):
+    """A fake transport that says when it is closed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = asyncio.Event()
+
+    def close(self) -> None:
+        super().close()
+        self.closed.set()
+
+
+def test_an_idle_timer_fires_once_per_deadline_on_uvloop_whose_clock_keeps_milliseconds() -> None:
+    """uvloop may fire a timer up to 1 ms before its deadline: that must close, not spin."""
+
+    async def fires_per_deadline() -> int:
+        worst = 0
+        for i in range(50):
+            # Timeouts off the millisecond grid, as real deadlines are.
+            timeout = 0.0103 + 0.0001 * (i % 10)
+            door = FrontDoor(
+                web.Application(), FakeAiohttp, FrontDoors(), keepalive_timeout=timeout
+            )
+            fires = 0
+            idle_timeout = door._idle_timeout
+
+            def counted(idle_timeout: Callable[[], None] = idle_timeout) -> None:
+                nonlocal fires
+                fires += 1
+                idle_timeout()
+
+            door._idle_timeout = counted  # type: ignore[method-assign]
+            transport = ClosingTransport()
+            door.connection_made(transport)  # arms the idle timer
+            await asyncio.wait_for(transport.closed.wait(), 5)
+            worst = max(worst, fires)
+        return worst
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(fires_per_deadline()) == 1
