@@ -122,6 +122,11 @@ class Agent:
                 self.last_error = str(exc)
                 retry_after = exc.retry_after
                 logger.warning("cannot connect: %s", exc, extra={"cluster": self.settings.cluster})
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Asked to stop while a connection failed, and the failure was
+                # raised instead: stop, rather than wait and connect again.
+                raise asyncio.CancelledError
             self.backoff.connection_ended(time.monotonic() - started)
             delay = self.backoff.next_delay(retry_after)
             logger.info("reconnecting in %.1fs", delay, extra={"cluster": self.settings.cluster})
@@ -240,17 +245,17 @@ class Agent:
         ssl_context = self._ssl_context(credentials)
         async with self._http() as http:
             try:
-                websocket = await asyncio.wait_for(
-                    http.ws_connect(
+                # asyncio.timeout, not wait_for: on Python 3.11, wait_for turns a
+                # cancellation that meets a failed connect into that failure.
+                async with asyncio.timeout(connect.connect_timeout):
+                    websocket = await http.ws_connect(
                         url,
                         ssl=ssl_context,
                         max_msg_size=connect.limits.message_limit,
                         autoping=True,
                         heartbeat=None,
                         compress=0,
-                    ),
-                    connect.connect_timeout,
-                )
+                    )
             except aiohttp.WSServerHandshakeError as exc:
                 raise await self._refusal(http, url, ssl_context, exc) from exc
             except aiohttp.ClientConnectorCertificateError as exc:
@@ -284,7 +289,8 @@ class Agent:
         renewer: asyncio.Task[None] | None = None
         try:
             try:
-                await asyncio.wait_for(session.wait_ready(), settings.connect.handshake_timeout)
+                async with asyncio.timeout(settings.connect.handshake_timeout):
+                    await session.wait_ready()
             except (TimeoutError, SessionError) as exc:
                 raise ConnectError(f"the server did not complete the handshake: {exc}") from exc
             self.session = session
