@@ -57,6 +57,12 @@ class Tunnel:
         return f"{self.server.url}/k8s/clusters/prod-eu"
 
 
+def registered(server: RunningServer, cluster: str) -> bool:
+    """The server has the cluster's agent, on a session still open."""
+    connection = server.context.registry.get(cluster)
+    return connection is not None and connection.session.is_open
+
+
 @pytest.fixture
 async def tunnel(server: RunningServer, tmp_path: Path) -> AsyncIterator[Tunnel]:
     async with KubeStub() as stub:
@@ -82,6 +88,8 @@ async def tunnel(server: RunningServer, tmp_path: Path) -> AsyncIterator[Tunnel]
         try:
             async with running_agent(settings, on_stream=router) as agent:
                 await agent.wait_connected()
+                # The server registers the agent just after the agent sees its HELLO.
+                await until(lambda: registered(server, "prod-eu"))
                 yield Tunnel(
                     stub,
                     server,
@@ -292,5 +300,6 @@ async def test_agent_loss_ends_a_watch_promptly_and_requests_work_after_it_retur
     assert ended_after < 5.0
     await until(lambda: tunnel.agent.agent.connections >= 2, max_turns=10**7)
     await tunnel.agent.wait_connected()
+    await until(lambda: registered(tunnel.server, "prod-eu"))
     again = await tunnel.kubectl.run("get", "pod", "demo", "-o", "name")
     assert again.stdout.strip() == "pod/demo", again.stderr

@@ -191,6 +191,9 @@ async def test_server_notices_a_silent_agent_within_the_keepalive_deadline(
         agent = agent_settings(server, "prod-eu", token, tmp_path / "creds")
         async with running_agent(agent) as running:
             await running.wait_connected()
+            # The agent knows it is connected once the server's HELLO came; the
+            # server registers it just after: wait for that, not for luck.
+            await until(lambda: server.context.registry.get("prod-eu") is not None)
             session = server.context.registry.get("prod-eu")
             assert session is not None
             # Freeze the agent: its reader stops, so it answers no PING.

@@ -94,6 +94,8 @@ async def read_only(tunnel: Tunnel, tmp_path: Path) -> AsyncIterator[ReadOnlyClu
     try:
         async with running_agent(settings, on_stream=router) as agent:
             await agent.wait_connected()
+            # The server registers the agent just after the agent sees its HELLO.
+            await until(lambda: tunnel.server.context.registry.get("frozen") is not None)
             connection = tunnel.server.context.registry.get("frozen")
             assert connection is not None
             assert agent.agent.session is not None
