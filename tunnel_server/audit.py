@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .store.base import AuditEvent, ProxyAuditRecord, Store, StoreError
 
@@ -26,6 +26,21 @@ __all__ = ["BATCH_DELAY", "AuditWriter"]
 BATCH_DELAY = 0.05
 
 logger = logging.getLogger(__name__)
+
+E = TypeVar("E", AuditEvent, ProxyAuditRecord)
+
+
+class _Pending(Generic[E]):
+    """The events of one kind waiting to be written, and their counts."""
+
+    __slots__ = ("done", "items", "recorded", "what")
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.items: list[E] = []
+        #: Recorded, and written or given up on: flush() waits for counts.
+        self.recorded = 0
+        self.done = 0
 
 
 class AuditWriter:
@@ -49,11 +64,8 @@ class AuditWriter:
         self._retention = retention
         self._max_queue = max_queue
         self._max_batch = max_batch
-        self._events: list[AuditEvent] = []
-        self._proxied: list[ProxyAuditRecord] = []
-        #: Recorded, and written or given up on, by kind: flush() waits for counts.
-        self._events_recorded = self._events_done = 0
-        self._proxied_recorded = self._proxied_done = 0
+        self._events = _Pending[AuditEvent]("audit events")
+        self._proxied = _Pending[ProxyAuditRecord]("proxied requests' audit events")
         self._writer_waiter: asyncio.Future[None] | None = None
         self._room_waiters: list[asyncio.Future[None]] = []
         self._flush_waiters: list[asyncio.Future[None]] = []
@@ -66,9 +78,8 @@ class AuditWriter:
     @property
     def queued(self) -> int:
         """Events recorded and not yet written (nor given up on)."""
-        return (self._events_recorded - self._events_done) + (
-            self._proxied_recorded - self._proxied_done
-        )
+        events, proxied = self._events, self._proxied
+        return events.recorded - events.done + proxied.recorded - proxied.done
 
     async def record(self, event: AuditEvent | ProxyAuditRecord) -> None:
         """Queue an event (waits only while the queue is full)."""
@@ -80,12 +91,12 @@ class AuditWriter:
             self._drop()
             return
         if type(event) is ProxyAuditRecord:
-            self._proxied.append(event)
-            self._proxied_recorded += 1
+            self._proxied.items.append(event)
+            self._proxied.recorded += 1
         else:
             assert isinstance(event, AuditEvent)
-            self._events.append(event)
-            self._events_recorded += 1
+            self._events.items.append(event)
+            self._events.recorded += 1
         writer = self._writer_waiter
         if writer is not None and not writer.done():
             writer.set_result(None)
@@ -96,10 +107,10 @@ class AuditWriter:
         Events recorded after the call, even before the wait begins, do not
         hold it up. Returns at once if the writer has stopped.
         """
-        return self._flushed(self._events_recorded, self._proxied_recorded)
+        return self._flushed(self._events.recorded, self._proxied.recorded)
 
     async def _flushed(self, events: int, proxied: int) -> None:
-        while not self._stopped and (self._events_done < events or self._proxied_done < proxied):
+        while not self._stopped and (self._events.done < events or self._proxied.done < proxied):
             waiter = asyncio.get_running_loop().create_future()
             self._flush_waiters.append(waiter)
             try:
@@ -156,29 +167,26 @@ class AuditWriter:
     async def _write_batch(self) -> None:
         # Each kind is taken, written and counted on its own: a failure of one
         # loses only its own events (the others' are security events too).
-        limit = self._max_batch
         try:
-            if self._proxied:
-                proxied = self._proxied[:limit]
-                del self._proxied[:limit]
-                try:
-                    self.written += await self._store.add_proxy_audit(proxied)
-                except Exception as exc:  # noqa: BLE001 - the writer outlives any batch
-                    self._lost(f"{len(proxied)} proxied requests' audit events", exc)
-                finally:
-                    self._proxied_done += len(proxied)
-            if self._events:
-                events = self._events[:limit]
-                del self._events[:limit]
-                try:
-                    self.written += await self._store.add_audit_events(events)
-                except Exception as exc:  # noqa: BLE001 - the writer outlives any batch
-                    self._lost(f"{len(events)} audit events", exc)
-                finally:
-                    self._events_done += len(events)
+            if self._proxied.items:
+                await self._write_some(self._proxied, self._store.add_proxy_audit)
+            if self._events.items:
+                await self._write_some(self._events, self._store.add_audit_events)
         finally:
             self._wake_all(self._room_waiters)
             self._wake_all(self._flush_waiters)
+
+    async def _write_some(
+        self, pending: _Pending[E], write: Callable[[list[E]], Awaitable[int]]
+    ) -> None:
+        batch = pending.items[: self._max_batch]
+        del pending.items[: self._max_batch]
+        try:
+            self.written += await write(batch)
+        except Exception as exc:  # noqa: BLE001 - the writer outlives any batch
+            self._lost(f"{len(batch)} {pending.what}", exc)
+        finally:
+            pending.done += len(batch)
 
     @staticmethod
     def _lost(what: str, exc: Exception) -> None:
