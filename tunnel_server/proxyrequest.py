@@ -161,16 +161,17 @@ async def open_relay(
     # Read before asking: an invalidation while the answers load is seen next time.
     generation = access.generation
     remembered = (
-        memo is not None
+        memo
+        if memo is not None
         and memo.headers is headers
         and memo.cluster == cluster
         and memo.upgrade == upgrade
         and memo.generation == generation
         and access.clock() < memo.until
+        else None
     )
-    if remembered:
-        assert memo is not None
-        exchange.user = memo.user
+    if remembered is not None:
+        exchange.user = remembered.user
     else:
         until, user, grant = await _authorize(context, exchange, headers)
     path = upstream_path(raw_target, cluster)
@@ -178,9 +179,8 @@ async def open_relay(
     api_request = parse_api_request(exchange.method, path)
     # exec, attach, portforward are audited as what they are, not as get/create.
     exchange.verb = api_request.subresource if api_request.is_connect else api_request.verb
-    if remembered:
-        assert memo is not None
-        forwarded = memo.forwarded
+    if remembered is not None:
+        forwarded = remembered.forwarded
     else:
         forwarded = tuple(forwarded_headers(headers, upgrade, user, grant))
         if memo is not None:
