@@ -18,3 +18,13 @@ async def until(condition: Callable[[], bool], *, max_turns: int = 200_000) -> N
             return
         await asyncio.sleep(0)
     raise AssertionError(f"condition never became true: {condition}")
+
+
+class ManualClock:
+    """A monotonic clock that moves only when a test sets ``now``."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now

@@ -6,13 +6,7 @@ from kubernetes_asyncio import client
 
 from tunnel_agent.kubeapi import CREDENTIAL_REUSE, KubeApi
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from ..support import ManualClock
 
 
 def configuration(token: str) -> client.Configuration:
@@ -32,7 +26,7 @@ async def test_a_configuration_without_a_token_gives_no_credential() -> None:
 
 
 async def test_a_rotated_token_is_sent_once_the_reuse_period_is_over() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     settings = configuration("first")
     api = KubeApi(settings, clock=clock)
     assert await api.authorization() == "Bearer first"
@@ -44,7 +38,7 @@ async def test_a_rotated_token_is_sent_once_the_reuse_period_is_over() -> None:
 
 
 async def test_the_refresh_hook_runs_at_most_once_per_reuse_period() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     settings = configuration("first")
     calls: list[float] = []
     settings.refresh_api_key_hook = lambda _: calls.append(clock.now)

@@ -17,6 +17,7 @@ from tests.e2e.test_kubectl_tunnel import Tunnel
 from tunnel_server.access import AccessCache
 from tunnel_server.store.base import User
 
+from ..support import ManualClock
 from .frontdoor_support import PODS, assert_status_object, caller, get, request
 
 server = kubectl_e2e.server
@@ -106,19 +107,11 @@ async def test_another_cluster_on_the_same_connection_is_checked_afresh(tunnel: 
         assert_status_object(await connection.reply(), 403, "Forbidden")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_a_decision_lasts_no_longer_than_the_earliest_answer_it_came_from(
     tunnel: Tunnel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     context = tunnel.server.context
-    clock = Clock()
+    clock = ManualClock(1000.0)
     access = AccessCache(context.store, ttl=5.0, clock=clock)
     monkeypatch.setattr(context, "access", access)
     await access.lookup_user(tunnel.alice_token)  # the user's answer: until 1005
