@@ -18,7 +18,20 @@ import msgpack
 
 from .frames import MAX_KIND_LENGTH, MAX_REASON_LENGTH
 
-__all__ = ["check_code", "checked_kind_size", "checked_size", "packed_size", "short_reason"]
+__all__ = [
+    "MAX_GROWTH",
+    "check_code",
+    "checked_kind_size",
+    "checked_size",
+    "packed_size",
+    "short_reason",
+]
+
+#: How many times its received size a decoded map can take when encoded again:
+#: a float32 (5 bytes) comes back as a float64 (9); everything else encodes
+#: again in its shortest form, never longer. So a map in a message of at most
+#: ``limit // MAX_GROWTH`` bytes cannot measure over ``limit``.
+MAX_GROWTH = 2
 
 
 def packed_size(value: Mapping[str, Any]) -> int:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .checks import check_code, checked_kind_size, checked_size
+from .checks import MAX_GROWTH, check_code, checked_kind_size, checked_size
 from .errors import (
     AcknowledgeError,
     ConnectionClosedError,
@@ -128,6 +128,9 @@ class Connection:
         # shared (docs/protocol.md, "Sharing the connection").
         self._sharing = SharedCredit(self.limits)
         self._connection_threshold = max(1, self.limits.connection_window // 4)
+        # Set per received message: it is too short to hold a map that
+        # re-encodes over max_header_size (see handlers.header_size).
+        self._maps_fit = False
         self._goaway_sent: int | None = None
         self._goaway_received: int | None = None
         self._liveness = Liveness(self.keepalive)
@@ -421,6 +424,7 @@ class Connection:
         self._liveness.last_received = now
         self.stats.messages_received += 1
         events: list[Event] = []
+        self._maps_fit = len(data) * MAX_GROWTH <= self.limits.max_header_size
         try:
             handle_frames(self, decode_message(data, self.limits), now, events)
         except RemoteProtocolError as exc:

@@ -188,15 +188,17 @@ def _open(conn: Connection, frame: OpenFrame, events: list[Event]) -> None:
             peer_caused=True,
         )
         return
-    size = packed_size(frame.headers)
-    if size > limits.max_header_size:
-        outbox.queue_reset(
-            stream_id,
-            ErrorCode.HEADER_TOO_LARGE,
-            f"headers of {size} bytes exceed {limits.max_header_size}",
-            peer_caused=True,
-        )
-        return
+    # A message too short to hold an oversized map is not measured again.
+    if not conn._maps_fit:
+        size = packed_size(frame.headers)
+        if size > limits.max_header_size:
+            outbox.queue_reset(
+                stream_id,
+                ErrorCode.HEADER_TOO_LARGE,
+                f"headers of {size} bytes exceed {limits.max_header_size}",
+                peer_caused=True,
+            )
+            return
     assert conn.peer_limits is not None
     stream = Stream(
         stream_id,
@@ -258,12 +260,13 @@ def _pong(conn: Connection, frame: PongFrame, now: float, events: list[Event]) -
 def _message(conn: Connection, frame: MessageFrame, events: list[Event]) -> None:
     # The body is bounded like an OPEN's headers (docs/protocol.md, "Limits"),
     # but belongs to no stream: over the limit, the connection fails.
-    size = packed_size(frame.body)
-    if size > conn.limits.max_header_size:
-        raise FrameSizeError(
-            f"MESSAGE body of {size} bytes exceeds the limit of {conn.limits.max_header_size}",
-            code=ErrorCode.HEADER_TOO_LARGE,
-        )
+    if not conn._maps_fit:
+        size = packed_size(frame.body)
+        if size > conn.limits.max_header_size:
+            raise FrameSizeError(
+                f"MESSAGE body of {size} bytes exceeds the limit of {conn.limits.max_header_size}",
+                code=ErrorCode.HEADER_TOO_LARGE,
+            )
     events.append(MessageReceived(frame.kind, frame.body))
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import struct
+
+import msgpack
 import pytest
 
 from protocol import (
@@ -20,6 +23,7 @@ from protocol import (
     StreamReset,
 )
 from protocol import errors as protocol_errors
+from protocol.checks import MAX_GROWTH, packed_size
 from protocol.frames import (
     MAX_KIND_LENGTH,
     DataFrame,
@@ -76,6 +80,43 @@ def test_open_with_headers_over_the_limit_is_reset_with_header_too_large() -> No
     assert (reset.stream_id, reset.code) == (1, ErrorCode.HEADER_TOO_LARGE)
     assert not server.closed
     assert of_type(feed(server, OpenFrame(3, "http", {"small": "x"})), StreamOpened)
+
+
+def open_with_float32s(count: int) -> bytes:
+    """A message of one OPEN (stream 1) whose headers are {"f": [0.5] * count} as float32s.
+
+    msgpack encodes a float32 in 5 bytes and, decoded, again as a float64 in
+    9: the map that grows most when it is measured by encoding it again.
+    """
+    floats = b"".join(struct.pack(">Bf", 0xCA, 0.5) for _ in range(count))
+    headers = b"\x81\xa1f" + struct.pack(">BH", 0xDC, count) + floats
+    return b"\x91\x95\x02\x01\xa4http" + headers + b"\x00"
+
+
+def test_received_headers_are_measured_as_they_encode_again() -> None:
+    server = handshaken(limits=SMALL)
+    message = open_with_float32s(150)
+    decoded = msgpack.unpackb(message)[0][3]
+    assert len(message) < SMALL.max_header_size < packed_size(decoded)
+
+    assert server.receive_data(message, 0.0) == []
+
+    [reset] = of_type(sent_frames(server), ResetFrame)
+    assert (reset.stream_id, reset.code) == (1, ErrorCode.HEADER_TOO_LARGE)
+
+
+def test_a_message_too_short_for_oversized_headers_cannot_hold_them() -> None:
+    # Such a message is not measured again (the work per request), which is
+    # sound only if even the fastest-growing map in it stays within the limit.
+    server = handshaken(limits=SMALL)
+    count = 1
+    while len(open_with_float32s(count + 1)) * MAX_GROWTH <= SMALL.max_header_size:
+        count += 1
+    message = open_with_float32s(count)
+    decoded = msgpack.unpackb(message)[0][3]
+
+    assert packed_size(decoded) <= SMALL.max_header_size
+    assert of_type(server.receive_data(message, 0.0), StreamOpened)
 
 
 def test_local_headers_over_the_peer_limit_raise_header_too_large() -> None:
