@@ -17,6 +17,7 @@ stream's bytes as they come and says when the head is complete.
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 from collections.abc import Iterable, Sequence
@@ -32,6 +33,7 @@ __all__ = [
     "MAX_PATH_LENGTH",
     "MAX_RESPONSE_HEAD",
     "METHODS",
+    "Headers",
     "RequestHead",
     "ResponseHead",
     "ResponseHeadParser",
@@ -88,7 +90,7 @@ class RequestHead:
         upgrade = value.get("upgrade", False)
         if not isinstance(upgrade, bool):
             raise MalformedFrameError("upgrade must be a boolean")
-        return cls(method, path, _headers(value.get("headers")), upgrade)
+        return cls(method, path, _request_headers(value.get("headers")), upgrade)
 
     def header(self, name: str) -> str | None:
         """The first value of a header (name in lower case)."""
@@ -173,6 +175,32 @@ class ResponseHeadParser:
             self._buffer += buffer
 
 
+def _request_headers(value: Any) -> Headers:
+    """:func:`_headers` for a request head: a block seen lately is not checked again.
+
+    Clients send the same header lines with every request of a connection,
+    and the server adds the same identity to them. Only a list of lists (what
+    msgpack decodes) is looked up: its pairs as tuples stand for it exactly,
+    where a string or a map would pass for a pair of its letters or keys.
+    """
+    if type(value) is list and len(value) <= MAX_HEADERS and set(map(type, value)) <= _LISTS:
+        try:
+            return _known_headers(tuple(map(tuple, value)))
+        except TypeError:
+            pass  # a pair holding a list or a map: not a key; checked (and refused) below
+    return _headers(value)
+
+
+_LISTS = {list}
+
+
+@functools.lru_cache(maxsize=64)
+def _known_headers(pairs: tuple[tuple[Any, ...], ...]) -> Headers:
+    # At most 64 blocks of at most the protocol's header limit each; only
+    # valid ones are kept (a refusal raises, and is not remembered).
+    return _headers(pairs)
+
+
 def _headers(value: Any) -> Headers:
     # type(...) is list first: what msgpack decodes to, without the slower ABC check.
     if type(value) is not list and (
@@ -186,7 +214,10 @@ def _headers(value: Any) -> Headers:
     values = []
     for pair in value:
         if (
-            (type(pair) is not list and not isinstance(pair, Sequence))
+            (
+                type(pair) is not list
+                and (not isinstance(pair, Sequence) or isinstance(pair, str | bytes))
+            )
             or len(pair) != 2
             or not isinstance(pair[0], str)
             or not isinstance(pair[1], str)

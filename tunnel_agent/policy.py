@@ -8,9 +8,10 @@ identities, and optionally read-only, a namespace scope, and no Secret values.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from protocol.http import RequestHead
+from protocol.http import Headers, RequestHead
 from tunnel_kube import ApiRequest, parse_api_request
 
 __all__ = ["IDENTITY_PREFIX", "ProxyPolicy", "Refusal"]
@@ -63,8 +64,15 @@ class ProxyPolicy:
 
 
 def _check_identity(head: RequestHead) -> Refusal | None:
+    return _identity_refusal(head.headers)
+
+
+@functools.lru_cache(maxsize=64)
+def _identity_refusal(headers: Headers) -> Refusal | None:
+    # Remembered per header block, which the same callers repeat with every
+    # request (at most 64 blocks, each within the protocol's header limit).
     user = None
-    for name, value in head.headers:
+    for name, value in headers:
         if not name.startswith("impersonate-"):
             continue
         if name not in ("impersonate-user", "impersonate-group"):
