@@ -12,6 +12,7 @@ sees well-formed frames; anything else is a :class:`MalformedFrameError`.
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -222,7 +223,40 @@ def encode_message(frames: Sequence[Frame]) -> bytes:
 
 def encode_wire(items: Sequence[WireItem]) -> bytes:
     """Encode frames already in their wire form (see :func:`to_wire`) as one message."""
+    last = items[-1]
+    if last[0] == 3 and len(last[2]) >= _SPLICE_MIN:
+        # A large payload ends the message (a download's frames): it is copied
+        # once, into the message, instead of into msgpack's buffer and then
+        # out of it. The bytes are those msgpack would write.
+        _, stream_id, payload, flags = last
+        size = len(payload)
+        return b"".join(
+            (
+                _array_header(len(items)),
+                *map(msgpack.packb, items[:-1]),
+                _DATA_START,
+                msgpack.packb(stream_id),
+                _BIN16.pack(0xC5, size) if size < 0x10000 else _BIN32.pack(0xC6, size),
+                payload,
+                msgpack.packb(flags),
+            )
+        )
     return msgpack.packb(items)  # type: ignore[no-any-return]
+
+
+#: Payloads from this size are spliced into their message (see encode_wire).
+_SPLICE_MIN = 4096
+_DATA_START = b"\x94\x03"  # an array of 4, then the type 3 (DATA)
+_BIN16 = struct.Struct(">BH")
+_BIN32 = struct.Struct(">BI")
+
+
+def _array_header(length: int) -> bytes:
+    if length < 16:
+        return bytes((0x90 | length,))
+    if length < 0x10000:
+        return struct.pack(">BH", 0xDC, length)
+    return struct.pack(">BI", 0xDD, length)
 
 
 def encoded_size(frame: Frame) -> int:

@@ -6,6 +6,8 @@ from typing import Any
 
 import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from protocol import FrameSizeError, Limits, MalformedFrameError
 from protocol.frames import (
@@ -51,6 +53,24 @@ def test_every_frame_type_round_trips(frame: Frame) -> None:
 
 def test_a_message_carries_many_frames_in_order() -> None:
     assert decode_message(encode_message(EVERY_FRAME), Limits()) == EVERY_FRAME
+
+
+@given(
+    before=st.lists(st.sampled_from([to_wire(frame) for frame in EVERY_FRAME[1:]]), max_size=20),
+    stream_id=st.sampled_from([1, 127, 128, 255, 256, 65535, 65536, MAX_STREAM_ID]),
+    size=st.sampled_from([0, 4095, 4096, 65535, 65536, 65537, 300_000]),
+    end_stream=st.booleans(),
+    view=st.booleans(),
+)
+def test_a_message_is_the_msgpack_encoding_of_its_frames(
+    before: list[tuple[Any, ...]], stream_id: int, size: int, end_stream: bool, view: bool
+) -> None:
+    # Large payloads are spliced into their message by hand: the bytes must
+    # still be exactly msgpack's, whatever the id, size, flags and frames before.
+    payload = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    items = [*before, data_to_wire(stream_id, memoryview(payload) if view else payload, end_stream)]
+
+    assert encode_wire(items) == msgpack.packb(items)
 
 
 @pytest.mark.parametrize("end_stream", [False, True])
