@@ -41,6 +41,11 @@ class StreamState(enum.Enum):
     CLOSED = "closed"
     RESET = "reset"
 
+    # Members are singletons, so identity hashes them as well as Enum's own
+    # __hash__, and in C: transitions are looked up by (state, input) on
+    # every request.
+    __hash__ = object.__hash__
+
 
 class StreamInput(enum.Enum):
     SEND_DATA = "send DATA"
@@ -49,6 +54,8 @@ class StreamInput(enum.Enum):
     RECV_DATA = "receive DATA"
     RECV_END = "receive END"
     RECV_RESET = "receive RESET"
+
+    __hash__ = object.__hash__  # as StreamState's
 
     @property
     def is_local(self) -> bool:
