@@ -26,20 +26,16 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .procs import BenchError, Children
+from .procs import BenchError, Children, file_written
 from .proxy_load import Target, write_wrk_script, wrk
 from .proxy_setup import Experiment, ensure_tools, start_agent, start_server, start_upstream
 from .proxy_upstream import POD_PATH
 
 __all__ = ["main"]
-
-#: How long a profile may take to be written after SIGUSR2.
-_DUMP_WAIT = 30.0
 
 
 def _profiled(out: Path) -> list[str]:
@@ -48,12 +44,7 @@ def _profiled(out: Path) -> list[str]:
 
 async def _profile_file(path: Path) -> pstats.Stats:
     """The statistics a process writes (by rename) after SIGUSR2."""
-    deadline = time.monotonic() + _DUMP_WAIT
-    while not await asyncio.to_thread(path.exists):
-        if time.monotonic() > deadline:
-            raise BenchError(f"no profile at {path} {_DUMP_WAIT:g} s after SIGUSR2")
-        await asyncio.sleep(0.05)
-    return await asyncio.to_thread(pstats.Stats, str(path))
+    return await asyncio.to_thread(pstats.Stats, str(await file_written(path, "profile")))
 
 
 def _summary(stats: pstats.Stats, requests: int, top: int) -> dict[str, Any]:

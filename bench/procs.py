@@ -26,6 +26,7 @@ __all__ = [
     "child_environment",
     "cpu_seconds",
     "descendants",
+    "file_written",
     "free_port",
     "memory_kib",
     "wait_port",
@@ -203,3 +204,13 @@ def descendants(pid: int) -> list[int]:
                 found.extend(children)
                 queue.extend(children)
     return found
+
+
+async def file_written(path: Path, what: str, within: float = 30.0) -> Path:
+    """``path`` once a child has written it (by a rename, after a signal)."""
+    deadline = time.monotonic() + within
+    while not await asyncio.to_thread(path.exists):
+        if time.monotonic() > deadline:
+            raise BenchError(f"no {what} at {path} {within:g} s after asking for it")
+        await asyncio.sleep(0.05)
+    return path

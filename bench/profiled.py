@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import cProfile
 import os
-import runpy
 import signal
-import sys
 from collections.abc import Sequence
 from types import FrameType
+
+from .program import command_of, run_program
 
 __all__ = ["main"]
 
@@ -33,9 +33,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="where SIGUSR2 writes the statistics")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND LINE")
     args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("give the program's command line after --")
+    command = command_of(parser, args.command)
     profiler = cProfile.Profile()
 
     def start(signum: int, frame: FrameType | None) -> None:
@@ -50,20 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, stop)
-    if _is_python(command[0]):
-        command = command[1:]  # this interpreter runs it
-        if command[:1] == ["-m"] and len(command) >= 2:
-            sys.argv = command[1:]
-            runpy.run_module(command[1], run_name="__main__", alter_sys=True)
-            return
-    if not command:
-        parser.error("give a script or -m MODULE after the interpreter")
-    sys.argv = list(command)
-    runpy.run_path(command[0], run_name="__main__")
-
-
-def _is_python(executable: str) -> bool:
-    return os.path.realpath(executable) == os.path.realpath(sys.executable)
+    run_program(parser, command)
 
 
 if __name__ == "__main__":
