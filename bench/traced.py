@@ -1,0 +1,132 @@
+"""Run the tunnel's server or agent with a timestamp at each point a request passes.
+
+``SIGUSR1`` starts recording; ``SIGUSR2`` stops it, writes the records to
+``--out`` (whole, by a rename) and forgets them, for the next SIGUSR1. A
+record is a line ``<CLOCK_MONOTONIC ns> <point>``: the clock every process on
+the machine shares, so :mod:`bench.bench_latency_path` can put the server's
+and the agent's records on one time line. The program runs as it would on its
+own (see :mod:`bench.program`)::
+
+    python -m bench.traced --out server.trace -- /venv/bin/tunnel-server serve ...
+
+The points, each the first line of the method named (a program records only
+the points its own code passes):
+
+==============  ===========================================================
+caller_in       ``FrontDoor.data_received``: bytes from a kubectl caller
+caller_out      ``FrontDoor._write`` / ``_writelines``: the answer written
+tunnel_send     ``WebSocketTransport.send`` called with a message
+tunnel_sent     ``WebSocketTransport.send`` returned (the message written)
+tunnel_recv     ``WebSocketTransport.receive`` returned a message
+upstream_out    ``UpstreamConnection.begin``: the request to the API server
+upstream_in     ``UpstreamConnection.data_received``: the API server answers
+==============  ===========================================================
+
+A record costs about half a microsecond, at most :data:`MAX_RECORDS` are kept
+per recording, and the methods are wrapped before the program starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from types import FrameType
+from typing import Any
+
+from .program import command_of, run_program
+
+__all__ = ["MAX_RECORDS", "POINTS", "main"]
+
+POINTS = (
+    "caller_in",
+    "caller_out",
+    "tunnel_send",
+    "tunnel_sent",
+    "tunnel_recv",
+    "upstream_out",
+    "upstream_in",
+)
+MAX_RECORDS = 2_000_000
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.on = False
+        self.records: list[tuple[int, str]] = []
+
+    def mark(self, point: str) -> None:
+        if self.on and len(self.records) < MAX_RECORDS:
+            self.records.append((time.monotonic_ns(), point))
+
+    def write(self, path: str) -> None:
+        with open(path + ".partial", "w") as out:
+            out.writelines(f"{when} {point}\n" for when, point in self.records)
+        os.replace(path + ".partial", path)
+        self.records = []
+
+
+def _before(recorder: _Recorder, cls: type, name: str, point: str) -> None:
+    original: Callable[..., Any] = getattr(cls, name)
+
+    @functools.wraps(original)
+    def marked(self: object, *args: Any) -> Any:
+        recorder.mark(point)
+        return original(self, *args)
+
+    setattr(cls, name, marked)
+
+
+def _install(recorder: _Recorder) -> None:
+    from tunnel_agent.upstream_connection import UpstreamConnection
+    from tunnel_mux.websocket import WebSocketTransport
+    from tunnel_server.frontdoor import FrontDoor
+
+    _before(recorder, FrontDoor, "data_received", "caller_in")
+    _before(recorder, FrontDoor, "_write", "caller_out")
+    _before(recorder, FrontDoor, "_writelines", "caller_out")
+    _before(recorder, UpstreamConnection, "begin", "upstream_out")
+    _before(recorder, UpstreamConnection, "data_received", "upstream_in")
+    send: Callable[[WebSocketTransport, bytes], Awaitable[None]] = WebSocketTransport.send
+    receive: Callable[[WebSocketTransport], Awaitable[bytes]] = WebSocketTransport.receive
+
+    async def marked_send(self: WebSocketTransport, message: bytes) -> None:
+        recorder.mark("tunnel_send")
+        await send(self, message)
+        recorder.mark("tunnel_sent")
+
+    async def marked_receive(self: WebSocketTransport) -> bytes:
+        message = await receive(self)
+        recorder.mark("tunnel_recv")
+        return message
+
+    WebSocketTransport.send = marked_send  # type: ignore[method-assign]
+    WebSocketTransport.receive = marked_receive  # type: ignore[method-assign]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.traced", description=__doc__)
+    parser.add_argument("--out", required=True, help="where SIGUSR2 writes the records")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND LINE")
+    args = parser.parse_args(argv)
+    command = command_of(parser, args.command)
+    recorder = _Recorder()
+    _install(recorder)
+
+    def start(signum: int, frame: FrameType | None) -> None:
+        recorder.on = True
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        recorder.on = False
+        recorder.write(args.out)
+
+    signal.signal(signal.SIGUSR1, start)
+    signal.signal(signal.SIGUSR2, stop)
+    run_program(parser, command)
+
+
+if __name__ == "__main__":
+    main()

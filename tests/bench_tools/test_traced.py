@@ -1,0 +1,149 @@
+"""bench.traced: the points a program passes, timestamped between SIGUSR1 and SIGUSR2 only.
+
+The program under it drives the real WebSocketTransport (over a stand-in
+socket) as its stdin asks, and answers when done; as in test_profiled, a
+signal's handler has run once the program answers the line sent after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bench.bench_latency_path import PATH, STEP_NAMES, steps_of
+
+pytestmark = pytest.mark.timeout(30)
+
+PATIENCE = 10.0
+
+_SCRIPT = """
+import asyncio, sys
+import aiohttp
+from tunnel_mux.websocket import WebSocketTransport
+
+class Socket:
+    closed = False
+    async def send_bytes(self, data, compress=None):
+        pass
+    async def receive(self, timeout=None):
+        return aiohttp.WSMessage(aiohttp.WSMsgType.BINARY, b"m", None)
+
+async def exchange(times):
+    transport = WebSocketTransport(Socket())
+    for _ in range(times):
+        await transport.send(b"m")
+        await transport.receive()
+
+print("ready", flush=True)
+for line in sys.stdin:
+    asyncio.run(exchange(int(line)))
+    print("done", flush=True)
+"""
+
+
+class Program:
+    def __init__(self, process: asyncio.subprocess.Process, out: Path) -> None:
+        self.process = process
+        self.out = out
+
+    async def said(self) -> str:
+        assert self.process.stdout is not None
+        line = await asyncio.wait_for(self.process.stdout.readline(), PATIENCE)
+        return line.decode().strip()
+
+    async def exchange(self, times: int) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{times}\n".encode())
+        await self.process.stdin.drain()
+        assert await self.said() == "done"
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.process.pid, signum)
+
+    def records(self) -> list[tuple[int, str]]:
+        lines = self.out.read_text().splitlines()
+        return [(int(when), point) for when, point in (line.split() for line in lines)]
+
+
+@pytest.fixture
+async def program(tmp_path: Path) -> AsyncIterator[Program]:
+    script = tmp_path / "program.py"
+    script.write_text(_SCRIPT)
+    out = tmp_path / "out.trace"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.traced", "--out", str(out), "--", sys.executable, str(script),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    running = Program(process, out)
+    try:
+        assert await running.said() == "ready"
+        yield running
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+
+
+async def test_only_the_points_passed_between_the_signals_are_recorded(program: Program) -> None:
+    await program.exchange(5)  # before: not recorded
+    program.signal(signal.SIGUSR1)
+    await program.exchange(3)
+    program.signal(signal.SIGUSR2)
+    await program.exchange(4)  # after: not recorded; and SIGUSR2's handler has run
+
+    records = program.records()
+    assert [point for _, point in records] == ["tunnel_send", "tunnel_sent", "tunnel_recv"] * 3
+    times = [when for when, _ in records]
+    assert times == sorted(times)
+
+
+async def test_each_recording_starts_afresh(program: Program) -> None:
+    program.signal(signal.SIGUSR1)
+    await program.exchange(3)
+    program.signal(signal.SIGUSR2)
+    await program.exchange(0)
+    program.signal(signal.SIGUSR1)
+    await program.exchange(1)
+    program.signal(signal.SIGUSR2)
+    await program.exchange(0)
+
+    assert len(program.records()) == 3
+
+
+def request(start: int, step: int) -> list[tuple[int, str, str]]:
+    """One request's records: its points ``step`` ns apart from ``start``."""
+    return [(start + index * step, process, point) for index, (process, point) in enumerate(PATH)]
+
+
+def test_a_request_s_steps_run_from_each_point_to_the_next_and_to_the_next_request() -> None:
+    records = [
+        *request(0, 1000),
+        (9500, "server", "tunnel_send"),  # a PING's message between two requests: passed over
+        *request(20_000, 3000),
+        *request(60_000, 1000),  # only its start ends the one before
+    ]
+
+    traced, steps = steps_of(records)
+
+    assert traced == 2
+    assert [step.name for step in steps] == list(STEP_NAMES)
+    # The medians of (1, 3) us for each step within a request; the last step
+    # (caller_out to the next caller_in) lasted 11 and 13 us.
+    assert [step.p50_us for step in steps] == [2.0] * 9 + [12.0]
+    assert [step.p90_us for step in steps] == [3.0] * 9 + [13.0]
+
+
+def test_a_request_whose_path_was_not_seen_whole_is_left_out() -> None:
+    broken = [record for record in request(20_000, 1000) if record[1] != "agent"]
+    records = [*request(0, 1000), *broken, *request(40_000, 1000), *request(60_000, 1000)]
+
+    traced, steps = steps_of(records)
+
+    assert traced == 2  # the first and third; the last has no next request to end it
+    assert steps[-1].p50_us == 11.0  # 9,000 to 20,000 ns and 49,000 to 60,000 ns
