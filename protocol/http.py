@@ -115,9 +115,9 @@ class ResponseHead:
 
 def encode_response_head(status: int, reason: str, headers: Iterable[tuple[str, str]]) -> bytes:
     """The bytes that start the agent's answer on an ``http`` stream."""
-    body: bytes = msgpack.packb(
-        {"status": status, "reason": reason[:128], "headers": [list(pair) for pair in headers]}
-    )
+    # msgpack writes pairs (tuples or lists) as arrays: a list or tuple of them goes as it is.
+    pairs = headers if isinstance(headers, list | tuple) else list(headers)
+    body: bytes = msgpack.packb({"status": status, "reason": reason[:128], "headers": pairs})
     if len(body) > MAX_RESPONSE_HEAD:
         raise ValueError(f"response head of {len(body)} bytes exceeds {MAX_RESPONSE_HEAD}")
     return _LENGTH.pack(len(body)) + body

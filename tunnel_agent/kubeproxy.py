@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -25,7 +26,7 @@ from typing import cast
 import aiohttp
 
 from protocol.errors import ErrorCode, MalformedFrameError
-from protocol.http import RequestHead, encode_response_head
+from protocol.http import Headers, RequestHead, encode_response_head
 from tunnel_kube import status_body
 from tunnel_mux import MuxStream, SessionError
 from tunnel_mux.upgraded import UpgradedReader
@@ -60,6 +61,12 @@ _DROPPED_REQUEST = frozenset(
 _DROPPED_RESPONSE = frozenset({"connection", "keep-alive", "transfer-encoding", "trailer"})
 
 
+@functools.lru_cache(maxsize=64)
+def _forwarded(headers: Headers) -> Headers:
+    """The caller's headers the agent passes on (remembered per block, as the policy's answer)."""
+    return tuple((name, value) for name, value in headers if name not in _DROPPED_REQUEST)
+
+
 class KubeProxy:
     """Handles one ``http`` stream at a time per call; share one per agent."""
 
@@ -89,11 +96,11 @@ class KubeProxy:
             logger.info("refused %s %s: %s", head.method, head.path[:200], refusal.message)
             await _answer_status(stream, refusal.status, refusal.reason, refusal.message)
             return
-        headers = [(name, value) for name, value in head.headers if name not in _DROPPED_REQUEST]
         authorization = await self.api.authorization()
         if not head.upgrade and head.method != "HEAD":
-            await self._request(stream, head, headers, authorization)
+            await self._request(stream, head, _forwarded(head.headers), authorization)
             return
+        headers = list(_forwarded(head.headers))
         if authorization:
             headers.append(("authorization", authorization))
         if head.upgrade:
@@ -115,7 +122,7 @@ class KubeProxy:
         self,
         stream: MuxStream,
         head: RequestHead,
-        headers: list[tuple[str, str]],
+        headers: Headers,
         authorization: str | None,
     ) -> None:
         """Relay a plain request through the agent's own client."""
