@@ -7,12 +7,18 @@ error-code names; never cluster names, users, paths or addresses.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from tunnel_mux import Session
 from tunnel_mux.metrics import SessionCollector
 
-__all__ = ["KNOWN_VERBS", "ServerMetrics"]
+__all__ = ["KNOWN_VERBS", "ProxyRequestCollector", "ServerMetrics"]
 
 KNOWN_VERBS = frozenset(
     {
@@ -38,14 +44,61 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 _COMMAND_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600)
 
 
+class ProxyRequestCollector(Collector):
+    """Proxied requests by verb and code, and their durations by verb.
+
+    Counted in plain numbers on the event loop, one request at a time (a
+    Prometheus counter and histogram take a lock and a Python loop each, on
+    every proxied request), and turned into metrics when scraped, on the same
+    loop. Verbs outside :data:`KNOWN_VERBS` count as ``other``.
+    """
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self._bounds = buckets
+        self._counts: dict[tuple[str, int], int] = {}
+        #: Per verb: observations per bucket (the last: above every bound), then the sum.
+        self._durations: dict[str, tuple[list[int], list[float]]] = {}
+
+    def observe(self, verb: str, code: int, seconds: float) -> None:
+        if verb not in KNOWN_VERBS:
+            verb = "other"
+        counts = self._counts
+        key = (verb, code)
+        counts[key] = counts.get(key, 0) + 1
+        duration = self._durations.get(verb)
+        if duration is None:
+            duration = self._durations[verb] = ([0] * (len(self._bounds) + 1), [0.0])
+        duration[0][bisect.bisect_left(self._bounds, seconds)] += 1
+        duration[1][0] += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "tunnel_server_proxy_requests",
+            "Proxied Kubernetes API requests, by verb and status.",
+            labels=["verb", "code"],
+        )
+        for (verb, code), count in sorted(self._counts.items()):
+            requests.add_metric([verb, str(code)], count)
+        yield requests
+        durations = HistogramMetricFamily(
+            "tunnel_server_proxy_request_duration_seconds",
+            "Duration of proxied requests (whole response, so watches are long).",
+            labels=["verb"],
+        )
+        bounds = [*map(floatToGoString, self._bounds), "+Inf"]
+        for verb, (counts, total) in sorted(self._durations.items()):
+            cumulative, running = [], 0
+            for bound, count in zip(bounds, counts, strict=True):
+                running += count
+                cumulative.append((bound, float(running)))
+            durations.add_metric([verb], cumulative, total[0])
+        yield durations
+
+
 class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._live: set[Session] = set()
-        # The labelled children of the proxy's metrics, found once: labels() costs
-        # a lock and a lookup on every proxied request. Bounded by verbs x codes.
-        self._proxy_counts: dict[tuple[str, int], Counter] = {}
-        self._proxy_durations: dict[str, Histogram] = {}
         self.sessions = SessionCollector("tunnel_server", lambda: list(self._live))
         self.registry.register(self.sessions)
         r = self.registry
@@ -64,19 +117,8 @@ class ServerMetrics:
         self.clusters_connected = Gauge(
             "tunnel_server_clusters_connected", "Clusters whose agent is connected.", registry=r
         )
-        self.proxy_requests = Counter(
-            "tunnel_server_proxy_requests",
-            "Proxied Kubernetes API requests, by verb and status.",
-            ["verb", "code"],
-            registry=r,
-        )
-        self.proxy_duration = Histogram(
-            "tunnel_server_proxy_request_duration_seconds",
-            "Duration of proxied requests (whole response, so watches are long).",
-            ["verb"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
+        self.proxies = ProxyRequestCollector(_LATENCY_BUCKETS)
+        r.register(self.proxies)
         self.commands_submitted = Counter(
             "tunnel_server_commands_submitted", "Commands submitted, by type.", ["type"], registry=r
         )
@@ -103,15 +145,7 @@ class ServerMetrics:
             self.sessions.retire(session)
 
     def observe_proxy(self, verb: str, code: int, seconds: float) -> None:
-        verb = verb if verb in KNOWN_VERBS else "other"
-        count = self._proxy_counts.get((verb, code))
-        if count is None:
-            count = self._proxy_counts[verb, code] = self.proxy_requests.labels(verb, str(code))
-        count.inc()
-        duration = self._proxy_durations.get(verb)
-        if duration is None:
-            duration = self._proxy_durations[verb] = self.proxy_duration.labels(verb)
-        duration.observe(seconds)
+        self.proxies.observe(verb, code, seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
