@@ -20,22 +20,18 @@ read a little high.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .harness import run_measurement, start_wrapped
 from .procs import BenchError, Children, file_written
 from .proxy_load import Target, write_wrk_script, wrk
-from .proxy_setup import Experiment, ensure_tools, start_agent, start_server, start_upstream
 from .proxy_upstream import POD_PATH
 
 __all__ = ["PATH", "Step", "main", "steps_of"]
@@ -133,19 +129,11 @@ def _traced(out: Path) -> list[str]:
 
 
 async def _measure(children: Children, run_dir: Path, seconds: float) -> dict[str, Any]:
-    state = run_dir / "state"
     traces = run_dir / "traces"
     traces.mkdir()
-    server, port = await start_server(
-        children, state, "warning", Experiment(), wrap=_traced(traces / "server.trace")
+    tunnel, upstream, target = await start_wrapped(
+        children, run_dir, lambda name: _traced(traces / f"{name}.trace")
     )
-    upstream = await start_upstream(children, state / "server.crt", state / "server.key")
-    tunnel = await start_agent(
-        children, run_dir, server, port, upstream.url, Experiment(),
-        wrap=_traced(traces / "agent.trace"),
-    )  # fmt: skip
-    auth = (("Authorization", f"Bearer {tunnel.user_token}"),)
-    target = Target("tunnel", tunnel.base, auth, tunnel.ca_file)
     direct = Target("direct", upstream.url, (), None)
     script = write_wrk_script(run_dir)
     await wrk(children, script, target, POD_PATH, connections=1, seconds=2, label="warm")
@@ -193,29 +181,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the run directory (logs)")
     args = parser.parse_args(argv)
-    run_dir = Path(tempfile.mkdtemp(prefix="bench-latency-path-"))
-    print(f"run directory (logs): {run_dir}", flush=True)
-    try:
-        ensure_tools(install=True, ssh=False)
-
-        async def run() -> dict[str, Any]:
-            children = Children(run_dir)
-            try:
-                return await _measure(children, run_dir, args.seconds)
-            finally:
-                await children.stop_all()
-
-        results = asyncio.run(run())
-    except BenchError as exc:
-        print(f"bench_latency_path: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if not args.keep:
-            shutil.rmtree(run_dir, ignore_errors=True)
-    _report(results)
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2))
-    return 0
+    return run_measurement(
+        "bench_latency_path",
+        args.keep,
+        lambda children, run_dir: _measure(children, run_dir, args.seconds),
+        _report,
+        args.json,
+    )
 
 
 if __name__ == "__main__":

@@ -19,20 +19,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import pstats
-import shutil
 import signal
 import sys
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .procs import BenchError, Children, file_written
-from .proxy_load import Target, write_wrk_script, wrk
-from .proxy_setup import Experiment, ensure_tools, start_agent, start_server, start_upstream
+from .harness import run_measurement, start_wrapped
+from .procs import Children, file_written
+from .proxy_load import write_wrk_script, wrk
 from .proxy_upstream import POD_PATH
 
 __all__ = ["main"]
@@ -67,19 +64,11 @@ def _summary(stats: pstats.Stats, requests: int, top: int) -> dict[str, Any]:
 async def _measure(
     children: Children, run_dir: Path, seconds: float, concurrencies: list[int], top: int
 ) -> dict[str, Any]:
-    state = run_dir / "state"
     profiles = run_dir / "profiles"
     profiles.mkdir()
-    server, port = await start_server(
-        children, state, "warning", Experiment(), wrap=_profiled(profiles / "server.prof")
+    tunnel, _, target = await start_wrapped(
+        children, run_dir, lambda name: _profiled(profiles / f"{name}.prof")
     )
-    upstream = await start_upstream(children, state / "server.crt", state / "server.key")
-    tunnel = await start_agent(
-        children, run_dir, server, port, upstream.url, Experiment(),
-        wrap=_profiled(profiles / "agent.prof"),
-    )  # fmt: skip
-    auth = (("Authorization", f"Bearer {tunnel.user_token}"),)
-    target = Target("tunnel", tunnel.base, auth, tunnel.ca_file)
     script = write_wrk_script(run_dir)
     processes = {"server": tunnel.server, "agent": tunnel.agent}
     results: dict[str, Any] = {}
@@ -129,29 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the run directory (logs)")
     args = parser.parse_args(argv)
     concurrencies = [int(part) for part in args.concurrency.split(",") if part]
-    run_dir = Path(tempfile.mkdtemp(prefix="bench-request-cost-"))
-    print(f"run directory (logs): {run_dir}", flush=True)
-    try:
-        ensure_tools(install=True, ssh=False)
 
-        async def run() -> dict[str, Any]:
-            children = Children(run_dir)
-            try:
-                return await _measure(children, run_dir, args.seconds, concurrencies, args.top)
-            finally:
-                await children.stop_all()
+    def measure(children: Children, run_dir: Path) -> Awaitable[dict[str, Any]]:
+        return _measure(children, run_dir, args.seconds, concurrencies, args.top)
 
-        results = asyncio.run(run())
-    except BenchError as exc:
-        print(f"bench_request_cost: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if not args.keep:
-            shutil.rmtree(run_dir, ignore_errors=True)
-    _report(results)
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2))
-    return 0
+    return run_measurement("bench_request_cost", args.keep, measure, _report, args.json)
 
 
 if __name__ == "__main__":

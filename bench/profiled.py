@@ -16,24 +16,21 @@ this Python interpreter with a script or ``-m MODULE``.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import os
 import signal
 from collections.abc import Sequence
 from types import FrameType
 
-from .program import command_of, run_program
+from .program import parse_wrapping, run_program
 
 __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.profiled", description=__doc__)
-    parser.add_argument("--out", required=True, help="where SIGUSR2 writes the statistics")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND LINE")
-    args = parser.parse_args(argv)
-    command = command_of(parser, args.command)
+    wrapping = parse_wrapping(
+        "python -m bench.profiled", __doc__, "where SIGUSR2 writes the statistics", argv
+    )
     profiler = cProfile.Profile()
 
     def start(signum: int, frame: FrameType | None) -> None:
@@ -42,13 +39,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     def stop(signum: int, frame: FrameType | None) -> None:
         profiler.disable()
         # Whole or not at all: a reader polling for the file never sees half of it.
-        profiler.dump_stats(args.out + ".partial")
-        os.replace(args.out + ".partial", args.out)
+        profiler.dump_stats(wrapping.out + ".partial")
+        os.replace(wrapping.out + ".partial", wrapping.out)
         profiler.clear()
 
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, stop)
-    run_program(parser, command)
+    run_program(wrapping.parser, wrapping.command)
 
 
 if __name__ == "__main__":

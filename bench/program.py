@@ -14,16 +14,33 @@ import os
 import runpy
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-__all__ = ["command_of", "run_program"]
+__all__ = ["Wrapping", "parse_wrapping", "run_program"]
 
 
-def command_of(parser: argparse.ArgumentParser, words: Sequence[str]) -> list[str]:
-    """The program's command line: what follows ``--`` (the parser exits if nothing does)."""
-    command = list(words[1:] if words[:1] == ["--"] else words)
+@dataclass(frozen=True, slots=True)
+class Wrapping:
+    """A wrapper's command line: where it writes (``--out``), and the program's."""
+
+    parser: argparse.ArgumentParser
+    out: str
+    command: list[str]
+
+
+def parse_wrapping(
+    prog: str, description: str | None, out_help: str, argv: Sequence[str] | None
+) -> Wrapping:
+    """``--out FILE -- COMMAND LINE`` (the parser exits if no command line follows)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--out", required=True, help=out_help)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND LINE")
+    args = parser.parse_args(argv)
+    words: list[str] = args.command
+    command = words[1:] if words[:1] == ["--"] else words
     if not command:
         parser.error("give the program's command line after --")
-    return command
+    return Wrapping(parser, args.out, command)
 
 
 def run_program(parser: argparse.ArgumentParser, command: Sequence[str]) -> None:

@@ -28,7 +28,6 @@ per recording, and the methods are wrapped before the program starts.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import signal
@@ -37,7 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import FrameType
 from typing import Any
 
-from .program import command_of, run_program
+from .program import parse_wrapping, run_program
 
 __all__ = ["MAX_RECORDS", "POINTS", "main"]
 
@@ -108,11 +107,9 @@ def _install(recorder: _Recorder) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.traced", description=__doc__)
-    parser.add_argument("--out", required=True, help="where SIGUSR2 writes the records")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND LINE")
-    args = parser.parse_args(argv)
-    command = command_of(parser, args.command)
+    wrapping = parse_wrapping(
+        "python -m bench.traced", __doc__, "where SIGUSR2 writes the records", argv
+    )
     recorder = _Recorder()
     _install(recorder)
 
@@ -121,11 +118,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def stop(signum: int, frame: FrameType | None) -> None:
         recorder.on = False
-        recorder.write(args.out)
+        recorder.write(wrapping.out)
 
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, stop)
-    run_program(parser, command)
+    run_program(wrapping.parser, wrapping.command)
 
 
 if __name__ == "__main__":

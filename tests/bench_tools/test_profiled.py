@@ -9,19 +9,16 @@ wait on answers, never on a sleep.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import pstats
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(30)
+from .wrapped import Program, wrapped
 
-PATIENCE = 10.0
+pytestmark = pytest.mark.timeout(30)
 
 _SCRIPT = """
 import sys
@@ -37,49 +34,10 @@ for line in sys.stdin:
 """
 
 
-class Program:
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-
-    async def said(self) -> str:
-        assert self.process.stdout is not None
-        line = await asyncio.wait_for(self.process.stdout.readline(), PATIENCE)
-        return line.decode().strip()
-
-    async def call(self, times: int) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(f"{times}\n".encode())
-        await self.process.stdin.drain()
-        assert await self.said() == "done"
-
-    def signal(self, signum: int) -> None:
-        os.kill(self.process.pid, signum)
-
-
 @pytest.fixture
 async def program(tmp_path: Path) -> AsyncIterator[Program]:
-    script = tmp_path / "program.py"
-    script.write_text(_SCRIPT)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bench.profiled",
-        "--out",
-        str(tmp_path / "out.prof"),
-        "--",
-        sys.executable,
-        str(script),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    running = Program(process)
-    try:
-        assert await running.said() == "ready"
+    async with wrapped("bench.profiled", _SCRIPT, tmp_path, tmp_path / "out.prof") as running:
         yield running
-    finally:
-        if process.returncode is None:
-            process.kill()
-        await process.wait()
 
 
 def calls_of(path: Path, function: str) -> int:
@@ -90,23 +48,12 @@ def calls_of(path: Path, function: str) -> int:
 async def test_only_the_calls_between_the_two_signals_are_counted(
     program: Program, tmp_path: Path
 ) -> None:
-    await program.call(50)  # before: not counted
-    program.signal(signal.SIGUSR1)
-    await program.call(100)
-    program.signal(signal.SIGUSR2)
-    await program.call(25)  # after: not counted; and SIGUSR2's handler has run
+    await program.recorded_once(50, 100, 25)  # before and after: not counted
     assert calls_of(tmp_path / "out.prof", "counted") == 100
 
 
 async def test_each_profile_starts_afresh(program: Program, tmp_path: Path) -> None:
-    program.signal(signal.SIGUSR1)
-    await program.call(100)
-    program.signal(signal.SIGUSR2)
-    await program.call(0)
-    program.signal(signal.SIGUSR1)
-    await program.call(7)
-    program.signal(signal.SIGUSR2)
-    await program.call(0)
+    await program.recorded_twice(100, 7)
     assert calls_of(tmp_path / "out.prof", "counted") == 7
 
 
@@ -114,5 +61,5 @@ async def test_no_profile_is_written_until_profiling_stops(
     program: Program, tmp_path: Path
 ) -> None:
     program.signal(signal.SIGUSR1)
-    await program.call(10)
+    await program.work(10)
     assert not (tmp_path / "out.prof").exists()

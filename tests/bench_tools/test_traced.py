@@ -7,10 +7,6 @@ signal's handler has run once the program answers the line sent after it.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,9 +14,9 @@ import pytest
 
 from bench.bench_latency_path import PATH, STEP_NAMES, steps_of
 
-pytestmark = pytest.mark.timeout(30)
+from .wrapped import Program, wrapped
 
-PATIENCE = 10.0
+pytestmark = pytest.mark.timeout(30)
 
 _SCRIPT = """
 import asyncio, sys
@@ -47,73 +43,32 @@ for line in sys.stdin:
 """
 
 
-class Program:
-    def __init__(self, process: asyncio.subprocess.Process, out: Path) -> None:
-        self.process = process
-        self.out = out
-
-    async def said(self) -> str:
-        assert self.process.stdout is not None
-        line = await asyncio.wait_for(self.process.stdout.readline(), PATIENCE)
-        return line.decode().strip()
-
-    async def exchange(self, times: int) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(f"{times}\n".encode())
-        await self.process.stdin.drain()
-        assert await self.said() == "done"
-
-    def signal(self, signum: int) -> None:
-        os.kill(self.process.pid, signum)
-
-    def records(self) -> list[tuple[int, str]]:
-        lines = self.out.read_text().splitlines()
-        return [(int(when), point) for when, point in (line.split() for line in lines)]
+def records(path: Path) -> list[tuple[int, str]]:
+    lines = path.read_text().splitlines()
+    return [(int(when), point) for when, point in (line.split() for line in lines)]
 
 
 @pytest.fixture
 async def program(tmp_path: Path) -> AsyncIterator[Program]:
-    script = tmp_path / "program.py"
-    script.write_text(_SCRIPT)
-    out = tmp_path / "out.trace"
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.traced", "--out", str(out), "--", sys.executable, str(script),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    running = Program(process, out)
-    try:
-        assert await running.said() == "ready"
+    async with wrapped("bench.traced", _SCRIPT, tmp_path, tmp_path / "out.trace") as running:
         yield running
-    finally:
-        if process.returncode is None:
-            process.kill()
-        await process.wait()
 
 
-async def test_only_the_points_passed_between_the_signals_are_recorded(program: Program) -> None:
-    await program.exchange(5)  # before: not recorded
-    program.signal(signal.SIGUSR1)
-    await program.exchange(3)
-    program.signal(signal.SIGUSR2)
-    await program.exchange(4)  # after: not recorded; and SIGUSR2's handler has run
+async def test_only_the_points_passed_between_the_signals_are_recorded(
+    program: Program, tmp_path: Path
+) -> None:
+    await program.recorded_once(5, 3, 4)  # before and after: not recorded
 
-    records = program.records()
-    assert [point for _, point in records] == ["tunnel_send", "tunnel_sent", "tunnel_recv"] * 3
-    times = [when for when, _ in records]
+    recorded = records(tmp_path / "out.trace")
+    assert [point for _, point in recorded] == ["tunnel_send", "tunnel_sent", "tunnel_recv"] * 3
+    times = [when for when, _ in recorded]
     assert times == sorted(times)
 
 
-async def test_each_recording_starts_afresh(program: Program) -> None:
-    program.signal(signal.SIGUSR1)
-    await program.exchange(3)
-    program.signal(signal.SIGUSR2)
-    await program.exchange(0)
-    program.signal(signal.SIGUSR1)
-    await program.exchange(1)
-    program.signal(signal.SIGUSR2)
-    await program.exchange(0)
+async def test_each_recording_starts_afresh(program: Program, tmp_path: Path) -> None:
+    await program.recorded_twice(3, 1)
 
-    assert len(program.records()) == 3
+    assert len(records(tmp_path / "out.trace")) == 3
 
 
 def request(start: int, step: int) -> list[tuple[int, str, str]]:
