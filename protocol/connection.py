@@ -163,6 +163,15 @@ class Connection:
         return bool(outbox.control) or bool(outbox.ready)
 
     @property
+    def queued_frames(self) -> int:
+        """Control frames, and streams with data or an END, waiting for :meth:`data_to_send`.
+
+        How large the next batch is growing: the I/O layer may send it early.
+        """
+        outbox = self._outbox
+        return len(outbox.control) + len(outbox.ready)
+
+    @property
     def going_away(self) -> bool:
         """True once a GOAWAY was sent or received: no new streams."""
         return self._goaway_sent is not None or self._goaway_received is not None

@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 #: How long the writer may take to flush a last GOAWAY once the session ends.
 FLUSH_GRACE = 2.0
+#: Frames queued at which a task sends them itself (see Session.send_if_due).
+BATCH_FRAMES = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +75,13 @@ class Session:
         handlers: SessionHandlers | None = None,
         clock: Callable[[], float] = time.monotonic,
         label: str = "",
+        batch_frames: int = BATCH_FRAMES,
     ) -> None:
+        if batch_frames < 1:
+            raise ValueError("batch_frames must be at least 1")
         self.connection = connection
         self.label = label
+        self.batch_frames = batch_frames
         self.handshake: HandshakeCompleted | None = None
         #: Why the session ended, once it has.
         self.close_reason: str | None = None
@@ -92,6 +98,11 @@ class Session:
         # Event costs more, and _kick runs for every write and acknowledgement).
         self._kicked = True  # the HELLO is already queued
         self._writer_waiter: asyncio.Future[None] | None = None
+        # One sender at a time, the writer or a task in send_if_due; the
+        # writer waits on this future for the latter to finish.
+        self._sending_early = False
+        self._early_done: asyncio.Future[None] | None = None
+        self._writing = False
         self._ready: asyncio.Future[HandshakeCompleted] = asyncio.get_running_loop().create_future()
         self._closed = asyncio.Event()  # torn down: every task finished
         self._ended = asyncio.Event()  # over: no stream can be used any more
@@ -115,6 +126,11 @@ class Session:
     @property
     def streams(self) -> int:
         return len(self._streams)
+
+    @property
+    def sending(self) -> bool:
+        """A message is being written now (by the writer, or in :meth:`send_if_due`)."""
+        return self._writing or self._sending_early
 
     def stream_kinds(self) -> Counter[str]:
         """Open streams by kind."""
@@ -145,6 +161,34 @@ class Session:
         self._track(stream)
         self._kick()
         return stream
+
+    async def send_if_due(self) -> None:
+        """Send what is queued now if a batch of :attr:`batch_frames` has gathered.
+
+        Frames queued during one turn of the event loop go out together when
+        the writer runs, after the turn: one message, one TLS record. In a
+        burst (64 requests read in one turn, say), the peer then starts on the
+        first only once this side has handled the last. A task that has just
+        queued frames calls this, so that the peer works on one batch while
+        this side prepares the next (docs/benchmarks.md, "This stop").
+        Frames still go in batches, in the order they were queued; the writer
+        does not send meanwhile.
+        """
+        if (
+            self._sending_early
+            or self._writing
+            or self.connection.queued_frames < self.batch_frames
+            or self.connection.closed
+        ):
+            return
+        self._sending_early = True
+        try:
+            await self._send_queued()
+        finally:
+            self._sending_early = False
+            done = self._early_done
+            if done is not None and not done.done():
+                done.set_result(None)
 
     def send_message(self, kind: str, body: Mapping[str, Any]) -> None:
         """Send a connection-level control message."""
@@ -245,16 +289,31 @@ class Session:
                     self._writer_waiter = None
             # Kicks from here on, even while a message is being sent, make another pass.
             self._kicked = False
-            while messages := connection.data_to_send(max_messages=1):
+            while self._sending_early:
+                done = self._early_done = loop.create_future()
                 try:
-                    await self._transport.send(messages[0])
-                except TransportClosed:
-                    self._end(SessionClosedError("the connection to the peer was lost"))
-                    return
-                self._after_send()
-            self._after_send()
-            if connection.closed:
+                    await done
+                finally:
+                    self._early_done = None
+            self._writing = True
+            try:
+                sent = await self._send_queued()
+            finally:
+                self._writing = False
+            if not sent or connection.closed:
                 return
+
+    async def _send_queued(self) -> bool:
+        """Send every queued message; False once the transport is gone."""
+        while messages := self.connection.data_to_send(max_messages=1):
+            try:
+                await self._transport.send(messages[0])
+            except TransportClosed:
+                self._end(SessionClosedError("the connection to the peer was lost"))
+                return False
+            self._after_send()
+        self._after_send()
+        return True
 
     async def _timer_loop(self) -> None:
         connection = self.connection

@@ -118,6 +118,7 @@ class MuxStream:
             self._session._send_data(self.id, view[:size])
             self.bytes_written += size
             view = view[size:]
+        await self._session.send_if_due()
 
     def end(self) -> None:
         """Half-close: no more data from this side. Reading goes on."""

@@ -14,10 +14,12 @@ class TransportClosed(Exception):
 class MessageTransport(Protocol):
     """A message-oriented, ordered, reliable transport (a WebSocket).
 
-    ``send`` returns once the message is accepted and waits while the socket's
-    write buffer is above its high-water mark (backpressure); ``receive``
-    returns the next whole binary message. Both raise :class:`TransportClosed`
-    once the socket is closed.
+    ``send`` accepts the message before it first suspends (a WebSocket
+    writes it to its socket's buffer at once), then waits while that buffer is
+    above its high-water mark (backpressure): so two tasks sending at once keep
+    their messages' order, and one cancelled while it waits loses nothing.
+    ``receive`` returns the next whole binary message. Both raise
+    :class:`TransportClosed` once the socket is closed.
     """
 
     async def send(self, message: bytes) -> None: ...

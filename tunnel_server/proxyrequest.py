@@ -199,7 +199,7 @@ async def open_relay(
         )
     head = RequestHead(exchange.method, path, forwarded, upgrade is not None)
     try:
-        return agent.session.open_stream(
+        stream = agent.session.open_stream(
             kinds.STREAM_HTTP, head.to_open_headers(), end_stream=not has_body
         )
     except HeaderTooLargeError as exc:
@@ -211,6 +211,13 @@ async def open_relay(
         raise ProxyRefusal(
             503, "ServiceUnavailable", f"cluster {cluster} cannot take the request now: {exc}"
         ) from exc
+    # In a burst of requests, the agent starts on the first while the rest are read.
+    try:
+        await agent.session.send_if_due()
+    except BaseException:
+        stream.reset()  # the caller never gets it: cancelled, it must not stay open
+        raise
+    return stream
 
 
 async def _authorize(

@@ -232,3 +232,20 @@ def test_a_stream_data_never_overtakes_its_open() -> None:
             assert frame.stream_id in seen
     events = [e for m in messages for e in pair.server.receive_data(m, 0.0)]
     assert [e.data for e in of_type(events, DataReceived)] == [b"body"] * 3
+
+
+def test_queued_frames_counts_control_frames_and_streams_with_something_to_send() -> None:
+    client = handshaken(Side.CLIENT)
+    assert client.queued_frames == 0
+
+    first, second = client.open_stream("http"), client.open_stream("http")
+    assert client.queued_frames == 2  # two OPENs
+    sent_frames(client)
+    assert client.queued_frames == 0
+
+    client.send_data(first, b"x")
+    client.send_data(second, b"y")
+    client.send_data(first, b"z")
+    assert client.queued_frames == 2  # two streams, however many writes
+    sent_frames(client)
+    assert client.queued_frames == 0

@@ -18,6 +18,7 @@ from tunnel_mux import (
     SessionHandlers,
     StreamResetError,
 )
+from tunnel_mux.session import BATCH_FRAMES
 
 from ..support import until
 from .memory import MemoryTransport, transport_pair
@@ -40,20 +41,24 @@ async def session_pair(
     limits: Limits | None = None,
     keepalive: Keepalive | None = None,
     on_server_message: Callable[[str, dict[str, Any]], None] | None = None,
+    batch_frames: int = BATCH_FRAMES,
+    depth: int = 8,
 ) -> AsyncIterator[Pair]:
     """A client and a server session joined in memory, both running."""
-    client_transport, server_transport = transport_pair()
+    client_transport, server_transport = transport_pair(depth)
     client = Session(
         client_transport,
         Connection(Side.CLIENT, limits, keepalive=keepalive),
         handlers=SessionHandlers(on_stream=on_stream),
         label="client",
+        batch_frames=batch_frames,
     )
     server = Session(
         server_transport,
         Connection(Side.SERVER, limits, keepalive=keepalive),
         handlers=SessionHandlers(on_message=on_server_message),
         label="server",
+        batch_frames=batch_frames,
     )
     tasks = [asyncio.create_task(client.run()), asyncio.create_task(server.run())]
     try:

@@ -10,6 +10,8 @@ the access cache's answers expire), or by other header lines.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.e2e import test_kubectl_tunnel as kubectl_e2e
@@ -17,7 +19,7 @@ from tests.e2e.test_kubectl_tunnel import Tunnel
 from tunnel_server.access import AccessCache
 from tunnel_server.store.base import User
 
-from ..support import ManualClock
+from ..support import ManualClock, until
 from .frontdoor_support import PODS, assert_status_object, caller, get, request
 
 server = kubectl_e2e.server
@@ -125,3 +127,27 @@ async def test_a_decision_lasts_no_longer_than_the_earliest_answer_it_came_from(
         clock.now = 1006.0  # past the user's answer, within the grant's
         connection.send(get(tunnel, f"{PODS}/demo"))
         assert_status_object(await connection.reply(), 401, "Unauthorized")
+
+
+async def test_a_watch_cancelled_while_its_open_is_being_sent_leaves_no_stream_open(
+    tunnel: Tunnel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A burst's opens may be sent by the request's own task (Session.send_if_due);
+    # a caller that leaves then must not leave its watch open on the tunnel.
+    agent = tunnel.server.context.registry.get("prod-eu")
+    assert agent is not None
+    session = agent.session
+    sending: list[asyncio.Future[None]] = []
+
+    async def stuck() -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        sending.append(waiter)
+        await waiter
+
+    monkeypatch.setattr(session, "send_if_due", stuck)
+    async with caller(tunnel.server) as connection:
+        connection.send(get(tunnel, f"{PODS}?watch=true"))
+        await until(lambda: bool(sending))
+        assert session.streams == 1
+    await until(lambda: sending[0].cancelled())
+    await until(lambda: session.streams == 0)

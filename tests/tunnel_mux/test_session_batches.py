@@ -1,0 +1,97 @@
+"""A burst's frames go in batches as they gather, not all after the burst (Session.send_if_due)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from protocol import Connection, Side
+from tunnel_mux import MuxStream, Session
+
+from ..support import until
+from .memory import transport_pair
+from .test_session import echo, session_pair
+
+
+async def test_frames_below_a_batch_wait_for_the_writer() -> None:
+    async with session_pair(echo, batch_frames=4) as pair:
+        before = pair.server_transport.sent
+        for _ in range(3):
+            pair.server.open_stream("http", end_stream=True)
+
+        await pair.server.send_if_due()
+
+        assert pair.server_transport.sent == before  # the writer sends them after this turn
+
+
+async def test_a_batch_is_sent_by_the_task_that_completed_it_at_once() -> None:
+    opened: list[int] = []
+
+    async def count(stream: MuxStream) -> None:
+        opened.append(stream.id)
+
+    async with session_pair(count, batch_frames=4) as pair:
+        before = pair.server_transport.sent
+        ids = [pair.server.open_stream("http", end_stream=True).id for _ in range(4)]
+
+        await pair.server.send_if_due()
+
+        # In one message, before this task gave the writer a turn.
+        assert pair.server_transport.sent == before + 1
+        await until(lambda: len(opened) == 4)
+        assert opened == ids
+
+
+async def test_frames_keep_their_order_when_many_tasks_send_batches_under_backpressure() -> None:
+    async with session_pair(echo, batch_frames=2, depth=1) as pair:
+
+        async def exchange(number: int) -> bytes:
+            stream = pair.server.open_stream("http")
+            await pair.server.send_if_due()
+            for part in range(10):
+                await stream.write(f"{number}:{part};".encode())
+            stream.end()
+            return await stream.read_all(limit=1024)
+
+        answers = await asyncio.gather(*(exchange(number) for number in range(50)))
+
+        expected = [b"".join(f"{n}:{p};".encode() for p in range(10)) for n in range(50)]
+        assert answers == expected
+
+
+async def test_a_task_cancelled_while_its_batch_waits_for_room_loses_no_frame() -> None:
+    opened: list[int] = []
+
+    async def count(stream: MuxStream) -> None:
+        opened.append(stream.id)
+
+    async with session_pair(count, batch_frames=2, depth=0) as pair:
+        # Quiet first: nothing unread, nobody sending (the handshake's PING and PONG).
+        await until(lambda: pair.server_transport.unread == pair.client_transport.unread == 0)
+        await until(lambda: not pair.server.sending)
+        before = pair.server_transport.sent
+
+        async def burst() -> None:
+            for _ in range(2):
+                pair.server.open_stream("http", end_stream=True)
+            await pair.server.send_if_due()  # waits: the peer has not read the message yet
+
+        sender = asyncio.create_task(burst())
+        await asyncio.sleep(0)  # one turn: the burst sends, then waits for room
+        assert pair.server_transport.sent == before + 1
+        assert not sender.done()
+        sender.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sender
+
+        await until(lambda: len(opened) == 2)
+
+
+def test_a_batch_must_hold_a_frame() -> None:
+    async def build() -> None:
+        transport, _ = transport_pair()
+        with pytest.raises(ValueError, match="batch_frames"):
+            Session(transport, Connection(Side.CLIENT), batch_frames=0)
+
+    asyncio.run(build())
