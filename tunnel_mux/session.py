@@ -184,6 +184,12 @@ class Session:
         self._sending_early = True
         try:
             await self._send_queued()
+        except Exception as exc:
+            # The message taken may be lost: the connection cannot go on, as
+            # when the writer fails (the caller sees the error too).
+            logger.error("%s: sending failed", self.label, exc_info=exc)
+            self._end(SessionClosedError(f"internal error: {exc!r}"))
+            raise
         finally:
             self._sending_early = False
             done = self._early_done

@@ -95,3 +95,21 @@ def test_a_batch_must_hold_a_frame() -> None:
             Session(transport, Connection(Side.CLIENT), batch_frames=0)
 
     asyncio.run(build())
+
+
+async def test_a_batch_whose_sending_fails_ends_the_session() -> None:
+    async with session_pair(echo, batch_frames=2) as pair:
+
+        async def broken(message: bytes) -> None:
+            raise ValueError("the socket's library failed")
+
+        pair.server_transport.send = broken  # type: ignore[method-assign]
+        for _ in range(2):
+            pair.server.open_stream("http", end_stream=True)
+
+        with pytest.raises(ValueError, match="library failed"):
+            await pair.server.send_if_due()
+
+        assert not pair.server.is_open
+        assert pair.server.close_reason is not None
+        assert "internal error" in pair.server.close_reason
