@@ -112,6 +112,8 @@ class Session:
         #: For metrics: resets seen, by code, and time writers waited for credit.
         self.resets: Counter[int] = Counter()
         self.flow_wait_seconds = 0.0
+        #: Messages a task sent itself (send_if_due), rather than the writer.
+        self.batches_sent_early = 0
 
     def __repr__(self) -> str:
         return f"<Session {self.label} streams={len(self._streams)}>"
@@ -172,7 +174,9 @@ class Session:
         queued frames calls this, so that the peer works on one batch while
         this side prepares the next (docs/benchmarks.md, "This stop").
         Frames still go in batches, in the order they were queued; the writer
-        does not send meanwhile.
+        does not send meanwhile. One message at most: what is left, and what
+        other streams queue while it waits for the socket, is the writer's,
+        so that a task never carries other streams' traffic for long.
         """
         if (
             self._sending_early
@@ -181,15 +185,24 @@ class Session:
             or self.connection.closed
         ):
             return
+        # Streams waiting for connection credit count as queued, but send nothing.
+        messages = self.connection.data_to_send(max_messages=1)
+        if not messages:
+            return
+        self.batches_sent_early += 1
         self._sending_early = True
         try:
-            await self._send_queued()
+            await self._transport.send(messages[0])
+        except TransportClosed:
+            self._end(SessionClosedError("the connection to the peer was lost"))
         except Exception as exc:
             # The message taken may be lost: the connection cannot go on, as
             # when the writer fails (the caller sees the error too).
             logger.error("%s: sending failed", self.label, exc_info=exc)
             self._end(SessionClosedError(f"internal error: {exc!r}"))
             raise
+        else:
+            self._after_send()
         finally:
             self._sending_early = False
             done = self._early_done

@@ -28,7 +28,10 @@ class WebSocketTransport:
     """Adapts ``web.WebSocketResponse`` or ``ClientWebSocketResponse`` for a Session.
 
     Only binary messages are part of the protocol; a text message or any
-    socket error ends the transport.
+    socket error ends the transport. ``send`` keeps MessageTransport's promise
+    (the message accepted before the first suspension) because both ends open
+    the socket without compression: aiohttp writes an uncompressed frame at
+    once, but compresses a large one in a task first.
     """
 
     def __init__(self, websocket: AiohttpWebSocket) -> None:

@@ -46,6 +46,8 @@ class MemoryTransport:
         self._outbox = outbox
         self.closed = False
         self.sent = 0
+        #: Sends that had to wait for the other end to read (backpressure).
+        self.waited = 0
 
     @property
     def unread(self) -> int:
@@ -58,6 +60,8 @@ class MemoryTransport:
         self._outbox.messages.append(message)
         self.sent += 1
         self._outbox.wake()
+        if len(self._outbox.messages) > self._outbox.depth:
+            self.waited += 1
         await self._outbox.wait_room()
 
     async def receive(self) -> bytes:

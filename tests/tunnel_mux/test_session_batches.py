@@ -22,7 +22,9 @@ async def test_frames_below_a_batch_wait_for_the_writer() -> None:
 
         await pair.server.send_if_due()
 
-        assert pair.server_transport.sent == before  # the writer sends them after this turn
+        assert pair.server_transport.sent == before
+        await until(lambda: pair.server_transport.sent == before + 1)  # the writer's, later
+        assert pair.server.batches_sent_early == 0
 
 
 async def test_a_batch_is_sent_by_the_task_that_completed_it_at_once() -> None:
@@ -58,6 +60,9 @@ async def test_frames_keep_their_order_when_many_tasks_send_batches_under_backpr
 
         expected = [b"".join(f"{n}:{p};".encode() for p in range(10)) for n in range(50)]
         assert answers == expected
+        # Both ways of sending took part, under backpressure.
+        assert pair.server.batches_sent_early + pair.client.batches_sent_early > 0
+        assert pair.server_transport.waited + pair.client_transport.waited > 0
 
 
 async def test_a_task_cancelled_while_its_batch_waits_for_room_loses_no_frame() -> None:
@@ -71,30 +76,52 @@ async def test_a_task_cancelled_while_its_batch_waits_for_room_loses_no_frame() 
         await until(lambda: pair.server_transport.unread == pair.client_transport.unread == 0)
         await until(lambda: not pair.server.sending)
         before = pair.server_transport.sent
+        big = {"pad": "x" * 20_000}  # three OPENs fill a message: eight need three
 
         async def burst() -> None:
-            for _ in range(2):
-                pair.server.open_stream("http", end_stream=True)
-            await pair.server.send_if_due()  # waits: the peer has not read the message yet
+            for _ in range(8):
+                pair.server.open_stream("http", big, end_stream=True)
+            await pair.server.send_if_due()  # one message, then waits: nobody read it yet
 
         sender = asyncio.create_task(burst())
-        await asyncio.sleep(0)  # one turn: the burst sends, then waits for room
+        await asyncio.sleep(0)  # one turn: the burst sends its first message, then waits
         assert pair.server_transport.sent == before + 1
         assert not sender.done()
         sender.cancel()
         with pytest.raises(asyncio.CancelledError):
             await sender
 
-        await until(lambda: len(opened) == 2)
+        await until(lambda: len(opened) == 8)  # the rest went with the writer
+        assert pair.server_transport.sent >= before + 3
 
 
-def test_a_batch_must_hold_a_frame() -> None:
-    async def build() -> None:
-        transport, _ = transport_pair()
-        with pytest.raises(ValueError, match="batch_frames"):
-            Session(transport, Connection(Side.CLIENT), batch_frames=0)
+async def test_a_task_sends_one_message_and_leaves_what_others_queued_to_the_writer() -> None:
+    opened: list[int] = []
 
-    asyncio.run(build())
+    async def count(stream: MuxStream) -> None:
+        opened.append(stream.id)
+
+    async with session_pair(count, batch_frames=2, depth=0) as pair:
+        await until(lambda: pair.server_transport.unread == pair.client_transport.unread == 0)
+        await until(lambda: not pair.server.sending)
+        before = pair.server_transport.sent
+        big = {"pad": "x" * 20_000}  # three OPENs fill a message
+        sent_by_the_task: list[int] = []
+
+        async def burst() -> None:
+            for _ in range(2):
+                pair.server.open_stream("http", big, end_stream=True)
+            await pair.server.send_if_due()
+            sent_by_the_task.append(pair.server_transport.sent - before)
+
+        sender = asyncio.create_task(burst())
+        await asyncio.sleep(0)  # one turn: the burst sends, then waits for the peer to read
+        for _ in range(6):  # other streams queue two messages' worth meanwhile
+            pair.server.open_stream("http", big, end_stream=True)
+        await sender
+
+        assert sent_by_the_task == [1]
+        await until(lambda: len(opened) == 8)
 
 
 async def test_a_batch_whose_sending_fails_ends_the_session() -> None:
@@ -113,3 +140,12 @@ async def test_a_batch_whose_sending_fails_ends_the_session() -> None:
         assert not pair.server.is_open
         assert pair.server.close_reason is not None
         assert "internal error" in pair.server.close_reason
+
+
+def test_a_batch_must_hold_a_frame() -> None:
+    async def build() -> None:
+        transport, _ = transport_pair()
+        with pytest.raises(ValueError, match="batch_frames"):
+            Session(transport, Connection(Side.CLIENT), batch_frames=0)
+
+    asyncio.run(build())
