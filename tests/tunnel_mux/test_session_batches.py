@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -11,7 +13,29 @@ from tunnel_mux import MuxStream, Session
 
 from ..support import until
 from .memory import transport_pair
-from .test_session import echo, session_pair
+from .test_session import Pair, echo, session_pair
+
+#: Three OPENs with these headers fill a message.
+BIG = {"pad": "x" * 20_000}
+
+
+@asynccontextmanager
+async def quiet_pair() -> AsyncIterator[tuple[Pair, list[int]]]:
+    """Sessions whose every send waits until the peer has read it (depth 0), batches of 2.
+
+    Also the ids of the streams the peer has opened.
+
+    Quiet before it yields: nothing unread, nobody sending (the handshake's PING and PONG).
+    """
+    opened: list[int] = []
+
+    async def count(stream: MuxStream) -> None:
+        opened.append(stream.id)
+
+    async with session_pair(count, batch_frames=2, depth=0) as pair:
+        await until(lambda: pair.server_transport.unread == pair.client_transport.unread == 0)
+        await until(lambda: not pair.server.sending)
+        yield pair, opened
 
 
 async def test_frames_below_a_batch_wait_for_the_writer() -> None:
@@ -66,21 +90,12 @@ async def test_frames_keep_their_order_when_many_tasks_send_batches_under_backpr
 
 
 async def test_a_task_cancelled_while_its_batch_waits_for_room_loses_no_frame() -> None:
-    opened: list[int] = []
-
-    async def count(stream: MuxStream) -> None:
-        opened.append(stream.id)
-
-    async with session_pair(count, batch_frames=2, depth=0) as pair:
-        # Quiet first: nothing unread, nobody sending (the handshake's PING and PONG).
-        await until(lambda: pair.server_transport.unread == pair.client_transport.unread == 0)
-        await until(lambda: not pair.server.sending)
+    async with quiet_pair() as (pair, opened):
         before = pair.server_transport.sent
-        big = {"pad": "x" * 20_000}  # three OPENs fill a message: eight need three
 
         async def burst() -> None:
-            for _ in range(8):
-                pair.server.open_stream("http", big, end_stream=True)
+            for _ in range(8):  # three messages' worth
+                pair.server.open_stream("http", BIG, end_stream=True)
             await pair.server.send_if_due()  # one message, then waits: nobody read it yet
 
         sender = asyncio.create_task(burst())
@@ -96,28 +111,20 @@ async def test_a_task_cancelled_while_its_batch_waits_for_room_loses_no_frame() 
 
 
 async def test_a_task_sends_one_message_and_leaves_what_others_queued_to_the_writer() -> None:
-    opened: list[int] = []
-
-    async def count(stream: MuxStream) -> None:
-        opened.append(stream.id)
-
-    async with session_pair(count, batch_frames=2, depth=0) as pair:
-        await until(lambda: pair.server_transport.unread == pair.client_transport.unread == 0)
-        await until(lambda: not pair.server.sending)
+    async with quiet_pair() as (pair, opened):
         before = pair.server_transport.sent
-        big = {"pad": "x" * 20_000}  # three OPENs fill a message
         sent_by_the_task: list[int] = []
 
         async def burst() -> None:
             for _ in range(2):
-                pair.server.open_stream("http", big, end_stream=True)
+                pair.server.open_stream("http", BIG, end_stream=True)
             await pair.server.send_if_due()
             sent_by_the_task.append(pair.server_transport.sent - before)
 
         sender = asyncio.create_task(burst())
         await asyncio.sleep(0)  # one turn: the burst sends, then waits for the peer to read
         for _ in range(6):  # other streams queue two messages' worth meanwhile
-            pair.server.open_stream("http", big, end_stream=True)
+            pair.server.open_stream("http", BIG, end_stream=True)
         await sender
 
         assert sent_by_the_task == [1]
