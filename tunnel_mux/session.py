@@ -98,10 +98,9 @@ class Session:
         # Event costs more, and _kick runs for every write and acknowledgement).
         self._kicked = True  # the HELLO is already queued
         self._writer_waiter: asyncio.Future[None] | None = None
-        # One sender at a time, the writer or a task in send_if_due; the
-        # writer waits on this future for the latter to finish.
+        # One sender at a time: the writer sleeps while a task in send_if_due
+        # sends, and send_if_due does nothing while the writer sends.
         self._sending_early = False
-        self._early_done: asyncio.Future[None] | None = None
         self._writing = False
         self._ready: asyncio.Future[HandshakeCompleted] = asyncio.get_running_loop().create_future()
         self._closed = asyncio.Event()  # torn down: every task finished
@@ -192,22 +191,16 @@ class Session:
         self.batches_sent_early += 1
         self._sending_early = True
         try:
-            await self._transport.send(messages[0])
-        except TransportClosed:
-            self._end(SessionClosedError("the connection to the peer was lost"))
+            await self._send_message(messages[0])
         except Exception as exc:
             # The message taken may be lost: the connection cannot go on, as
             # when the writer fails (the caller sees the error too).
             logger.error("%s: sending failed", self.label, exc_info=exc)
             self._end(SessionClosedError(f"internal error: {exc!r}"))
             raise
-        else:
-            self._after_send()
         finally:
             self._sending_early = False
-            done = self._early_done
-            if done is not None and not done.done():
-                done.set_result(None)
+            self._wake_writer()  # it slept through any kick meanwhile
 
     def send_message(self, kind: str, body: Mapping[str, Any]) -> None:
         """Send a connection-level control message."""
@@ -300,7 +293,8 @@ class Session:
         connection = self.connection
         loop = asyncio.get_running_loop()
         while True:
-            if not self._kicked:
+            # Asleep until kicked, and while a task sends a message itself.
+            while not self._kicked or self._sending_early:
                 waiter = self._writer_waiter = loop.create_future()
                 try:
                     await waiter
@@ -308,12 +302,6 @@ class Session:
                     self._writer_waiter = None
             # Kicks from here on, even while a message is being sent, make another pass.
             self._kicked = False
-            while self._sending_early:
-                done = self._early_done = loop.create_future()
-                try:
-                    await done
-                finally:
-                    self._early_done = None
             self._writing = True
             try:
                 sent = await self._send_queued()
@@ -325,12 +313,18 @@ class Session:
     async def _send_queued(self) -> bool:
         """Send every queued message; False once the transport is gone."""
         while messages := self.connection.data_to_send(max_messages=1):
-            try:
-                await self._transport.send(messages[0])
-            except TransportClosed:
-                self._end(SessionClosedError("the connection to the peer was lost"))
+            if not await self._send_message(messages[0]):
                 return False
-            self._after_send()
+        self._after_send()
+        return True
+
+    async def _send_message(self, message: bytes) -> bool:
+        """Send one message taken from the connection; False once the transport is gone."""
+        try:
+            await self._transport.send(message)
+        except TransportClosed:
+            self._end(SessionClosedError("the connection to the peer was lost"))
+            return False
         self._after_send()
         return True
 
@@ -477,6 +471,9 @@ class Session:
 
     def _kick(self) -> None:
         self._kicked = True
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
         waiter = self._writer_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
