@@ -129,7 +129,7 @@ class Connection:
         self._sharing = SharedCredit(self.limits)
         self._connection_threshold = max(1, self.limits.connection_window // 4)
         # Set per received message: it is too short to hold a map that
-        # re-encodes over max_header_size (see handlers.header_size).
+        # re-encodes over max_header_size (handlers' _open and _message).
         self._maps_fit = False
         self._goaway_sent: int | None = None
         self._goaway_received: int | None = None

@@ -236,7 +236,7 @@ def encode_wire(items: Sequence[WireItem]) -> bytes:
                 *map(msgpack.packb, items[:-1]),
                 _DATA_START,
                 msgpack.packb(stream_id),
-                _BIN16.pack(0xC5, size) if size < 0x10000 else _BIN32.pack(0xC6, size),
+                _TAG_U16.pack(0xC5, size) if size < 0x10000 else _TAG_U32.pack(0xC6, size),
                 payload,
                 msgpack.packb(flags),
             )
@@ -247,16 +247,17 @@ def encode_wire(items: Sequence[WireItem]) -> bytes:
 #: Payloads from this size are spliced into their message (see encode_wire).
 _SPLICE_MIN = 4096
 _DATA_START = b"\x94\x03"  # an array of 4, then the type 3 (DATA)
-_BIN16 = struct.Struct(">BH")
-_BIN32 = struct.Struct(">BI")
+# A msgpack type byte followed by a 16- or 32-bit length (bin and array headers).
+_TAG_U16 = struct.Struct(">BH")
+_TAG_U32 = struct.Struct(">BI")
 
 
 def _array_header(length: int) -> bytes:
     if length < 16:
         return bytes((0x90 | length,))
     if length < 0x10000:
-        return struct.pack(">BH", 0xDC, length)
-    return struct.pack(">BI", 0xDD, length)
+        return _TAG_U16.pack(0xDC, length)
+    return _TAG_U32.pack(0xDD, length)
 
 
 def encoded_size(frame: Frame) -> int:

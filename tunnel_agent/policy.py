@@ -42,7 +42,7 @@ class ProxyPolicy:
 
     def check(self, head: RequestHead) -> Refusal | None:
         """None when the request may go on; otherwise why not."""
-        refusal = _check_identity(head)
+        refusal = _identity_refusal(head.headers)
         if refusal is not None:
             return refusal
         request = parse_api_request(head.method, head.path)
@@ -61,10 +61,6 @@ class ProxyPolicy:
                 "(the agent runs without --allow-secret-values)"
             )
         return None
-
-
-def _check_identity(head: RequestHead) -> Refusal | None:
-    return _identity_refusal(head.headers)
 
 
 @functools.lru_cache(maxsize=64)
