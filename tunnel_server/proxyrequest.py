@@ -131,7 +131,7 @@ class CallerMemo:
     tokens or grants (:attr:`AccessCache.generation`). Refusals are never kept.
     """
 
-    headers: object = None
+    headers: Iterable[tuple[str, str]] | None = None
     cluster: str = ""
     upgrade: str | None = None
     generation: int = -1
