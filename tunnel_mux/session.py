@@ -129,6 +129,11 @@ class Session:
         return len(self._streams)
 
     @property
+    def transport(self) -> MessageTransport:
+        """What the session's messages go over."""
+        return self._transport
+
+    @property
     def sending(self) -> bool:
         """A message is being written now (by the writer, or in :meth:`send_if_due`)."""
         return self._writing or self._sending_early
@@ -246,25 +251,38 @@ class Session:
             asyncio.create_task(self._write_loop(), name=f"{self.label} writer"),
             asyncio.create_task(self._timer_loop(), name=f"{self.label} timer"),
         }
+        # The tear-down awaits, so it runs after the try statement rather than
+        # in a finally block: mypyc, which compiles this module, would leave
+        # the exception being raised as the thread's current one (setup.py).
+        failure: BaseException | None = None
         try:
-            _, pending = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
-            writer = next(t for t in loops if t.get_name().endswith("writer"))
-            if writer in pending:
-                # Let a last GOAWAY go out before the socket closes.
-                self._kick()
-                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                    await asyncio.wait_for(asyncio.shield(writer), FLUSH_GRACE)
-        finally:
-            for task in loops:
-                task.cancel()
-            results = await asyncio.gather(*loops, return_exceptions=True)
-            self._end(self._first_error(results))
-            for handler in self._handler_tasks:
-                handler.cancel()
-            await asyncio.gather(*self._handler_tasks, return_exceptions=True)
-            with contextlib.suppress(TransportClosed, OSError):
-                await self._transport.close(self.close_reason or "")
-            self._closed.set()
+            await self._until_a_loop_ends(loops)
+        except BaseException as exc:  # noqa: BLE001 - raised again after the tear-down
+            failure = exc
+        await self._tear_down(loops)
+        if failure is not None:
+            raise failure
+
+    async def _until_a_loop_ends(self, loops: set[asyncio.Task[None]]) -> None:
+        _, pending = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
+        writer = next(t for t in loops if t.get_name().endswith("writer"))
+        if writer in pending:
+            # Let a last GOAWAY go out before the socket closes.
+            self._kick()
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(writer), FLUSH_GRACE)
+
+    async def _tear_down(self, loops: set[asyncio.Task[None]]) -> None:
+        for task in loops:
+            task.cancel()
+        results = await asyncio.gather(*loops, return_exceptions=True)
+        self._end(self._first_error(results))
+        for handler in self._handler_tasks:
+            handler.cancel()
+        await asyncio.gather(*self._handler_tasks, return_exceptions=True)
+        with contextlib.suppress(TransportClosed, OSError):
+            await self._transport.close(self.close_reason or "")
+        self._closed.set()
 
     # ------------------------------------------------------------------ loops
 

@@ -265,12 +265,39 @@ class FrontDoor(asyncio.Protocol):
     async def _serve(self, request: CallerRequest, cluster: str, body: RequestBody | None) -> None:
         context = self._app[CONTEXT]
         exchange = ProxyExchange(cluster=cluster, method=request.method)
-        stream: MuxStream | None = None
-        uploader: asyncio.Task[None] | None = None
+        relayed = _Relayed()
+        # The clean-up awaits, so it runs after the try statement rather than
+        # in a finally block: mypyc, which compiles this module, would leave
+        # the exception being raised as the thread's current one (setup.py).
+        failure: BaseException | None = None
+        try:
+            await self._answer(request, cluster, body, exchange, relayed)
+        except BaseException as exc:  # noqa: BLE001 - raised again after the clean-up
+            failure = exc
+        if relayed.uploader is not None:
+            # An upload cut short resets the stream (see _upload).
+            relayed.uploader.cancel()
+            await asyncio.gather(relayed.uploader, return_exceptions=True)
+        stream = relayed.stream
+        if stream is not None and stream.error is None and not stream.at_eof:
+            stream.reset()
+        await finish(context, exchange)
+        if failure is not None:
+            raise failure
+
+    async def _answer(
+        self,
+        request: CallerRequest,
+        cluster: str,
+        body: RequestBody | None,
+        exchange: ProxyExchange,
+        relayed: _Relayed,
+    ) -> None:
+        """Relay the request and its answer; refusals and failures are answered here."""
         head_sent = False
         try:
-            stream = await open_relay(
-                context,
+            stream = relayed.stream = await open_relay(
+                self._app[CONTEXT],
                 exchange,
                 request.target,
                 request.headers,
@@ -281,7 +308,7 @@ class FrontDoor(asyncio.Protocol):
                 memo=self._memo if self._header_cache.holds(request.headers) else None,
             )
             if body is not None:
-                uploader = self._loop.create_task(upload(body.read, stream, exchange))
+                relayed.uploader = self._loop.create_task(upload(body.read, stream, exchange))
             response, early = await _response_head(stream, exchange)
             framing = _framing(request, response)
             head_sent = True
@@ -301,14 +328,6 @@ class FrontDoor(asyncio.Protocol):
                 self._answer_status(
                     ProxyRefusal(500, "InternalError", "the tunnel server failed; see its log")
                 )
-        finally:
-            if uploader is not None:
-                # An upload cut short resets the stream (see _upload).
-                uploader.cancel()
-                await asyncio.gather(uploader, return_exceptions=True)
-            if stream is not None and stream.error is None and not stream.at_eof:
-                stream.reset()
-            await finish(context, exchange)
 
     async def _relay_response(
         self,
@@ -469,6 +488,14 @@ class FrontDoor(asyncio.Protocol):
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
+
+
+@dataclass(slots=True)
+class _Relayed:
+    """What a request's clean-up undoes: its stream, and its body's upload."""
+
+    stream: MuxStream | None = None
+    uploader: asyncio.Task[None] | None = None
 
 
 @dataclass(slots=True)

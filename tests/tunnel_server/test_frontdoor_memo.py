@@ -139,15 +139,18 @@ async def test_a_watch_cancelled_while_its_open_is_being_sent_leaves_no_stream_o
     session = agent.session
     sending: list[asyncio.Future[None]] = []
 
-    async def stuck() -> None:
+    async def stuck(message: bytes) -> None:
         waiter = asyncio.get_running_loop().create_future()
         sending.append(waiter)
         await waiter
 
-    monkeypatch.setattr(session, "send_if_due", stuck)
+    # A batch of one: the request's task sends its OPEN, and the socket never takes it.
+    monkeypatch.setattr(session, "batch_frames", 1)
+    monkeypatch.setattr(session.transport, "send", stuck)
     async with caller(tunnel.server) as connection:
         connection.send(get(tunnel, f"{PODS}?watch=true"))
         await until(lambda: bool(sending))
+        assert session.batches_sent_early == 1
         assert session.streams == 1
     await until(lambda: sending[0].cancelled())
     await until(lambda: session.streams == 0)
