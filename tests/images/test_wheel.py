@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from scripts.compiled import compiled_sources
+
 from .dockerfiles import REPO
 
 SCRIPTS = {
@@ -77,7 +79,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), str(context)],
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=300,  # mypyc compiles the protocol (setup.py): about a minute
         check=False,
     )
     assert run.returncode == 0, run.stdout + run.stderr
@@ -91,6 +93,7 @@ def test_the_context_leaves_out_everything_but_the_sources() -> None:
     assert _included("tunnel_agent/cli.py")
     assert _included("tunnel_server/manifests/agent/base/deployment.yaml")
     assert _included("protocol/frames.py")
+    assert _included("setup.py")
     for excluded in (
         ".venv/bin/python",
         ".git/config",
@@ -99,6 +102,7 @@ def test_the_context_leaves_out_everything_but_the_sources() -> None:
         "manifests/agent/full/values.yaml",
         "tunnel_agent/__pycache__/cli.cpython-311.pyc",
         "k8s_reverse_tunnel.egg-info/PKG-INFO",
+        "protocol/connection.cpython-311-x86_64-linux-gnu.so",
     ):
         assert not _included(excluded), excluded
 
@@ -131,6 +135,14 @@ def test_the_wheel_ships_the_manifests_and_every_package(wheel: Path) -> None:
     }
     for package in packages:
         assert f"{package}/__init__.py" in names, package
+
+
+def test_the_wheel_carries_the_compiled_modules(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    for source in compiled_sources():
+        module = source.relative_to(REPO).with_suffix("").as_posix()
+        assert any(name.startswith(f"{module}.cpython-") for name in names), module
 
 
 def test_the_console_scripts_run_after_installing_the_wheel(wheel: Path, tmp_path: Path) -> None:
@@ -176,3 +188,14 @@ def test_the_console_scripts_run_after_installing_the_wheel(wheel: Path, tmp_pat
             check=True,
         )  # fmt: skip
         assert where.stdout.startswith(str(venv)), where.stdout
+    compiled = subprocess.run(
+        [str(python), "-c", "import protocol.connection as m; print(m.__file__)"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=tmp_path,
+        timeout=60,
+        check=True,
+    )  # fmt: skip
+    assert compiled.stdout.startswith(str(venv)), compiled.stdout
+    assert compiled.stdout.strip().endswith(".so"), compiled.stdout

@@ -1,0 +1,67 @@
+"""Compiles the wire protocol and the request checks with mypyc; the rest is in pyproject.toml.
+
+The modules below handle every tunnel frame and every proxied request's head.
+mypyc compiles them, as they are (typed, ``mypy --strict`` clean), to C
+extensions: less CPU per proxied request on each relay (docs/benchmarks.md,
+"Compiled"). The Python sources stay the reference: ``TUNNEL_PURE_PYTHON=1``
+builds without a C compiler and runs the same code interpreted.
+
+A compiled coroutine never awaits in a ``finally`` or ``except`` block, nor
+uses ``async with`` or ``async for`` (tests/test_compiled.py checks): mypyc 2.4
+leaves the exception being raised as the thread's current exception when a
+``finally`` block awaits, and later code raises it again (docs/benchmarks.md).
+
+In a checkout, ``scripts/compiled.py`` builds them in place (again whenever
+one changes; scripts/test and scripts/demo call it); a wheel (``pip wheel .``)
+carries them compiled.
+"""
+
+from __future__ import annotations
+
+import os
+
+from setuptools import setup
+
+#: The modules compiled. The error hierarchy (mypyc's exceptions cannot take a
+#: class attribute default from a subclass), the access cache (tests replace
+#: its methods), the command-line tools and everything that runs once per
+#: connection or less stay interpreted.
+COMPILED_MODULES = [
+    "protocol/checks.py",
+    "protocol/connection.py",
+    "protocol/events.py",
+    "protocol/frames.py",
+    "protocol/handlers.py",
+    "protocol/handshake.py",
+    "protocol/http.py",
+    "protocol/kinds.py",
+    "protocol/limits.py",
+    "protocol/liveness.py",
+    "protocol/outbox.py",
+    "protocol/records.py",
+    "protocol/sharing.py",
+    "protocol/state.py",
+    "protocol/streams.py",
+    "tunnel_mux/session.py",
+    "tunnel_mux/stream.py",
+    "tunnel_kube/requests.py",
+    "tunnel_kube/status.py",
+    "tunnel_server/frontdoor.py",
+    "tunnel_server/frontdoor_buffers.py",
+    "tunnel_server/http1.py",
+    "tunnel_server/proxyrequest.py",
+    "tunnel_agent/policy.py",
+    "tunnel_agent/upstream_connection.py",
+]
+
+
+def _ext_modules() -> list[object]:
+    if os.environ.get("TUNNEL_PURE_PYTHON") == "1":
+        return []
+    from mypyc.build import mypycify
+
+    return list(mypycify(COMPILED_MODULES, opt_level="3", group_name="protocol.compiled"))
+
+
+if __name__ == "__main__":  # also how setuptools runs it; scripts/compiled.py reads the list
+    setup(ext_modules=_ext_modules())

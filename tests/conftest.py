@@ -1,0 +1,19 @@
+"""Refuse to test compiled modules built from older sources (scripts/compiled.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol import connection
+from scripts.compiled import stale_reason
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    reason = stale_reason()
+    if reason is not None:
+        pytest.exit(reason, returncode=4)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    compiled = not (connection.__file__ or "").endswith(".py")
+    return f"request path: {'compiled with mypyc' if compiled else 'interpreted'}"
