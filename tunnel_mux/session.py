@@ -176,7 +176,7 @@ class Session:
         burst (64 requests read in one turn, say), the peer then starts on the
         first only once this side has handled the last. A task that has just
         queued frames calls this, so that the peer works on one batch while
-        this side prepares the next (docs/benchmarks.md, "This stop").
+        this side prepares the next (docs/benchmarks.md, "batches that overlap").
         Frames still go in batches, in the order they were queued; the writer
         does not send meanwhile. One message at most: what is left, and what
         other streams queue while it waits for the socket, is the writer's,
