@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import shutil
+import sysconfig
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
@@ -103,15 +104,15 @@ def test_a_compiled_file_of_a_module_no_longer_listed_counts(tmp_path: Path) -> 
 def test_a_machine_without_a_c_compiler_runs_interpreted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(compiled_script.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     assert compiled_script.missing_tool() == "no C compiler (cc)"
 
 
 def test_a_machine_without_python_headers_runs_interpreted(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(compiled_script.shutil, "which", lambda name: "/usr/bin/cc")
-    monkeypatch.setattr(compiled_script.sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/cc")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
     reason = compiled_script.missing_tool()
     assert reason is not None
     assert "Python.h" in reason
