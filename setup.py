@@ -50,7 +50,10 @@ COMPILED_MODULES = [
     "tunnel_server/frontdoor_buffers.py",
     "tunnel_server/http1.py",
     "tunnel_server/proxyrequest.py",
+    "tunnel_agent/kubeproxy.py",
     "tunnel_agent/policy.py",
+    "tunnel_agent/router.py",
+    "tunnel_agent/upstream.py",
     "tunnel_agent/upstream_connection.py",
 ]
 

@@ -15,13 +15,9 @@ llhttp cannot tell have no body) go through aiohttp's client.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator
-from typing import cast
 
 import aiohttp
 
@@ -29,11 +25,17 @@ from protocol.errors import ErrorCode, MalformedFrameError
 from protocol.http import Headers, RequestHead, encode_response_head
 from tunnel_kube import status_body
 from tunnel_mux import MuxStream, SessionError
-from tunnel_mux.upgraded import UpgradedReader
 
 from .kubeapi import KubeApi
-from .policy import ProxyPolicy
-from .upstream import UpstreamConnectError, UpstreamError, UpstreamPool, UpstreamRequestError
+from .kubeproxy_aiohttp import DROPPED_RESPONSE_HEADERS, relay_request, relay_upgrade
+from .policy import ProxyPolicy, Refusal
+from .upstream import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamRequestError,
+    UpstreamResponse,
+)
 
 __all__ = ["KubeProxy"]
 
@@ -58,7 +60,6 @@ _DROPPED_REQUEST = frozenset(
         "expect",
     }
 )
-_DROPPED_RESPONSE = frozenset({"connection", "keep-alive", "transfer-encoding", "trailer"})
 
 
 @functools.lru_cache(maxsize=64)
@@ -85,16 +86,11 @@ class KubeProxy:
             await pool.close()
 
     async def handle(self, stream: MuxStream) -> None:
-        try:
-            head = RequestHead.from_open_headers(stream.headers)
-        except MalformedFrameError as exc:
-            await _answer_status(stream, 400, "BadRequest", f"invalid request: {exc}")
-            return
-        refusal = self.policy.check(head)
-        if refusal is not None:
-            self.refusals += 1
-            logger.info("refused %s %s: %s", head.method, head.path[:200], refusal.message)
-            await _answer_status(stream, refusal.status, refusal.reason, refusal.message)
+        # No await in an except block here: mypyc compiles this module (setup.py).
+        head, refusal = self._admit(stream)
+        if head is None or refusal is not None:
+            if refusal is not None:
+                await _answer_status(stream, refusal)
             return
         authorization = await self.api.authorization()
         if not head.upgrade and head.method != "HEAD":
@@ -107,16 +103,35 @@ class KubeProxy:
             headers.append(("connection", "Upgrade"))
             upgrade = next((v for n, v in head.headers if n == "upgrade"), "")
             headers.append(("upgrade", upgrade))
+        refusal = await self._through_aiohttp(stream, head, headers)
+        if refusal is not None:
+            await _answer_status(stream, refusal)
+
+    def _admit(self, stream: MuxStream) -> tuple[RequestHead | None, Refusal | None]:
+        """The stream's request head, or why it is refused."""
+        try:
+            head = RequestHead.from_open_headers(stream.headers)
+        except MalformedFrameError as exc:
+            return None, Refusal(400, "BadRequest", f"invalid request: {exc}")
+        refusal = self.policy.check(head)
+        if refusal is not None:
+            self.refusals += 1
+            logger.info("refused %s %s: %s", head.method, head.path[:200], refusal.message)
+        return head, refusal
+
+    async def _through_aiohttp(
+        self, stream: MuxStream, head: RequestHead, headers: list[tuple[str, str]]
+    ) -> Refusal | None:
+        """Relay an upgrade or a HEAD request; a refusal if the API server is out of reach."""
         try:
             if head.upgrade:
-                await self._upgrade(stream, head, headers)
+                await relay_upgrade(self.api, self.requests, stream, head, headers)
             else:
-                await self._request_aiohttp(stream, head, headers)
+                await relay_request(self.api, self.requests, stream, head, headers)
         except (aiohttp.ClientError, OSError) as exc:
             logger.warning("cannot reach the API server: %s", exc)
-            await _answer_status(
-                stream, 502, "BadGateway", f"the agent cannot reach the API server: {exc}"
-            )
+            return Refusal(502, "BadGateway", f"the agent cannot reach the API server: {exc}")
+        return None
 
     async def _request(
         self,
@@ -126,31 +141,17 @@ class KubeProxy:
         authorization: str | None,
     ) -> None:
         """Relay a plain request through the agent's own client."""
-        try:
-            if self._pool is None:
-                self._pool = UpstreamPool(self.api.base_url, self.api.ssl_context)
-            response = await self._pool.request(
-                head.method,
-                head.path,
-                headers,
-                None if stream.at_eof else stream.read,
-                authorization=authorization,
-            )
-        except UpstreamRequestError as exc:
-            logger.info("cannot relay %s %s: %s", head.method, head.path[:200], exc)
-            await _answer_status(stream, 400, "BadRequest", f"the agent cannot relay this: {exc}")
+        opened = await self._open(stream, head, headers, authorization)
+        if isinstance(opened, Refusal):
+            await _answer_status(stream, opened)
             return
-        except UpstreamError as exc:
-            logger.warning("cannot relay %s %s: %s", head.method, head.path[:200], exc)
-            what = "reach" if isinstance(exc, UpstreamConnectError) else "relay the answer of"
-            await _answer_status(
-                stream, 502, "BadGateway", f"the agent cannot {what} the API server: {exc}"
-            )
-            return
+        response = opened
         with response:
             self.requests[(head.method.lower(), response.status)] += 1
             kept = [
-                (name, value) for name, value in response.headers if name not in _DROPPED_RESPONSE
+                (name, value)
+                for name, value in response.headers
+                if name not in DROPPED_RESPONSE_HEADERS
             ]
             # The first body bytes, if they came with the head, share its frame.
             await stream.write(
@@ -167,117 +168,43 @@ class KubeProxy:
                 return
         stream.end()
 
-    async def _request_aiohttp(
-        self, stream: MuxStream, head: RequestHead, headers: list[tuple[str, str]]
-    ) -> None:
-        has_body = not stream.at_eof
-        async with self.api.session.request(
-            head.method,
-            self.api.url(head.path),
-            headers=headers,
-            data=_body(stream) if has_body else None,
-            allow_redirects=False,
-            compress=None,
-        ) as response:
-            self.requests[(head.method.lower(), response.status)] += 1
-            await stream.write(
-                encode_response_head(
-                    response.status, response.reason or "", _response_headers(response)
-                )
-            )
-            async for chunk in response.content.iter_any():
-                await stream.write(chunk)
-        stream.end()
-
-    async def _upgrade(
-        self, stream: MuxStream, head: RequestHead, headers: list[tuple[str, str]]
-    ) -> None:
-        response = await self.api.session.request(
-            head.method,
-            self.api.url(head.path),
-            headers=headers,
-            allow_redirects=False,
-        )
+    async def _open(
+        self,
+        stream: MuxStream,
+        head: RequestHead,
+        headers: Headers,
+        authorization: str | None,
+    ) -> UpstreamResponse | Refusal:
+        """The API server's answer, or the refusal to answer the caller with."""
         try:
-            await stream.write(
-                encode_response_head(
-                    response.status, response.reason or "", _response_headers(response)
-                )
+            if self._pool is None:
+                self._pool = UpstreamPool(self.api.base_url, self.api.ssl_context)
+            return await self._pool.request(
+                head.method,
+                head.path,
+                headers,
+                None if stream.at_eof else stream.read,
+                authorization=authorization,
             )
-            if response.status != 101:
-                async for chunk in response.content.iter_any():
-                    await stream.write(chunk)
-                stream.end()
-                return
-            connection = response.connection
-            assert connection is not None
-            assert connection.protocol is not None
-            reader = UpgradedReader(connection.transport)
-            connection.protocol.read_timeout = None
-            connection.protocol.set_parser(reader, reader)
-            transport = connection.transport
-            assert transport is not None
-            await _splice(stream, reader, transport)
-        finally:
-            response.close()
+        except UpstreamRequestError as exc:
+            logger.info("cannot relay %s %s: %s", head.method, head.path[:200], exc)
+            return Refusal(400, "BadRequest", f"the agent cannot relay this: {exc}")
+        except UpstreamError as exc:
+            logger.warning("cannot relay %s %s: %s", head.method, head.path[:200], exc)
+            what = "reach" if isinstance(exc, UpstreamConnectError) else "relay the answer of"
+            return Refusal(502, "BadGateway", f"the agent cannot {what} the API server: {exc}")
 
 
-async def _splice(
-    stream: MuxStream, reader: UpgradedReader, transport: asyncio.BaseTransport
-) -> None:
-    """Relay bytes between the stream and the API server's upgraded connection."""
-    # A cast, not an isinstance check: uvloop's transports are not subclasses
-    # of asyncio's (an assert here broke exec and port-forward under uvloop).
-    transport = cast(asyncio.WriteTransport, transport)
-
-    async def to_api_server() -> None:
-        while chunk := await stream.read():
-            transport.write(chunk)
-        if transport.can_write_eof():
-            transport.write_eof()  # the caller half-closed (e.g. stdin EOF)
-
-    async def to_caller() -> None:
-        while chunk := await reader.read():
-            await stream.write(chunk)
-        stream.end()
-
-    upward = asyncio.create_task(to_api_server())
-    try:
-        await to_caller()
-    finally:
-        upward.cancel()
-        with contextlib.suppress(asyncio.CancelledError, SessionError, ConnectionError):
-            await upward
-
-
-async def _body(stream: MuxStream) -> AsyncIterator[bytes]:
-    while chunk := await stream.read():
-        yield chunk
-
-
-def _response_headers(response: aiohttp.ClientResponse) -> list[tuple[str, str]]:
-    # A 101 keeps Connection and Upgrade: they are what switches protocols.
-    dropped = _DROPPED_RESPONSE - {"connection"} if response.status == 101 else _DROPPED_RESPONSE
-    headers = []
-    for raw_name, raw_value in response.raw_headers:
-        name = raw_name.decode("latin-1").lower()
-        if name not in dropped:
-            headers.append((name, raw_value.decode("latin-1")))
-    return headers
-
-
-async def _answer_status(stream: MuxStream, code: int, reason: str, message: str) -> None:
+async def _answer_status(stream: MuxStream, refusal: Refusal) -> None:
     """Answer with a Kubernetes Status, as the API server would."""
-    body = status_body(code, reason, message)
+    body = status_body(refusal.status, refusal.reason, refusal.message)
+    head = encode_response_head(
+        refusal.status,
+        refusal.reason,
+        [("content-type", "application/json"), ("content-length", str(len(body)))],
+    )
     try:
-        await stream.write(
-            encode_response_head(
-                code,
-                reason,
-                [("content-type", "application/json"), ("content-length", str(len(body)))],
-            )
-            + body
-        )
+        await stream.write(head + body)
         stream.end()
     except SessionError:
         stream.reset(ErrorCode.CANCEL)

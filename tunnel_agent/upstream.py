@@ -222,14 +222,17 @@ class UpstreamPool:
         loop = asyncio.get_running_loop()
         where = self._where
         try:
-            async with asyncio.timeout(self.connect_timeout):
-                _, connection = await loop.create_connection(
+            # wait_for, not an async with: mypyc compiles this module (setup.py).
+            _, connection = await asyncio.wait_for(
+                loop.create_connection(
                     lambda: UpstreamConnection(where, self._open.add, self._forget),
                     self.host,
                     self.port,
                     ssl=self._ssl,
                     server_hostname=self.host if self._ssl is not None else None,
-                )
+                ),
+                self.connect_timeout,
+            )
         except TimeoutError as exc:
             raise UpstreamConnectError(
                 f"cannot connect to the API server at {where} within "
