@@ -163,6 +163,20 @@ def test_the_console_scripts_run_after_installing_the_wheel(wheel: Path, tmp_pat
         "PATH": os.environ.get("PATH", ""),
         "PYTHONPATH": sysconfig.get_paths()["purelib"],
     }
+
+    def imported_from(module: str) -> str:
+        """The file the installed environment imports ``module`` from."""
+        where = subprocess.run(
+            [str(python), "-c", f"import {module} as m; print(m.__file__)"],
+            capture_output=True,
+            text=True,
+            env=environment,
+            cwd=tmp_path,
+            timeout=60,
+            check=True,
+        )  # fmt: skip
+        return where.stdout.strip()
+
     for script, program in (("tunnel-agent", "tunnel-agent"), ("tunnel-server", "tunnel-server")):
         path = venv / "bin" / script
         assert path.exists(), script
@@ -177,25 +191,8 @@ def test_the_console_scripts_run_after_installing_the_wheel(wheel: Path, tmp_pat
         )
         assert run.returncode == 0, run.stderr
         assert run.stdout.strip() == f"{program} 0.1.0"
-        package = script.replace("-", "_")
-        where = subprocess.run(
-            [str(python), "-c", f"import {package}; print({package}.__file__)"],
-            capture_output=True,
-            text=True,
-            env=environment,
-            cwd=tmp_path,
-            timeout=60,
-            check=True,
-        )  # fmt: skip
-        assert where.stdout.startswith(str(venv)), where.stdout
-    compiled = subprocess.run(
-        [str(python), "-c", "import protocol.connection as m; print(m.__file__)"],
-        capture_output=True,
-        text=True,
-        env=environment,
-        cwd=tmp_path,
-        timeout=60,
-        check=True,
-    )  # fmt: skip
-    assert compiled.stdout.startswith(str(venv)), compiled.stdout
-    assert compiled.stdout.strip().endswith(".so"), compiled.stdout
+        where = imported_from(script.replace("-", "_"))
+        assert where.startswith(str(venv)), where
+    compiled = imported_from("protocol.connection")
+    assert compiled.startswith(str(venv)), compiled
+    assert compiled.endswith(".so"), compiled
