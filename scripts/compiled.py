@@ -37,11 +37,10 @@ def compiled_sources(root: Path = ROOT) -> list[Path]:
 
 def built_files(root: Path = ROOT) -> list[Path]:
     """The compiled files in the checkout's packages now, listed in setup.py or not."""
-    packages = {source.parent for source in compiled_sources(root)}
     return sorted(
         path
-        for package in packages
-        for path in package.iterdir()
+        for package in root.glob("*/__init__.py")
+        for path in package.parent.iterdir()
         if any(path.name.endswith(suffix) for suffix in EXTENSION_SUFFIXES)
     )
 

@@ -55,6 +55,7 @@ def test_the_listed_modules_are_all_compiled_or_all_interpreted() -> None:
 
 def make_checkout(root: Path) -> Path:
     (root / "pkg").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
     (root / "setup.py").write_text('COMPILED_MODULES = ["pkg/mod.py"]\n')
     module = root / "pkg" / "mod.py"
     module.write_text("ANSWER = 42\n")
@@ -94,10 +95,13 @@ def test_compiled_files_from_other_sources_are_stale(tmp_path: Path, change: str
     assert "scripts/compiled.py" in reason
 
 
-def test_a_compiled_file_of_a_module_no_longer_listed_counts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("package", ["pkg", "other"])
+def test_a_compiled_file_of_a_module_no_longer_listed_counts(tmp_path: Path, package: str) -> None:
     make_checkout(tmp_path)
-    shutil.copy(tmp_path / "pkg" / "mod.py", tmp_path / "pkg" / "old.py")
-    (tmp_path / "pkg" / f"old{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    (tmp_path / package).mkdir(exist_ok=True)
+    (tmp_path / package / "__init__.py").write_text("")
+    shutil.copy(tmp_path / "pkg" / "mod.py", tmp_path / package / "old.py")
+    (tmp_path / package / f"old{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
     assert stale_reason(tmp_path) is not None
 
 
