@@ -10,7 +10,8 @@ the upgraded connection are relayed unchanged both ways, half-close included.
 
 Plain requests go through the agent's own HTTP/1.1 client
 (:mod:`tunnel_agent.upstream`); upgrades and HEAD requests (whose answers
-llhttp cannot tell have no body) go through aiohttp's client.
+llhttp cannot tell have no body) go through aiohttp's client
+(:mod:`tunnel_agent.kubeproxy_aiohttp`).
 """
 
 from __future__ import annotations
@@ -87,10 +88,9 @@ class KubeProxy:
 
     async def handle(self, stream: MuxStream) -> None:
         # No await in an except block here: mypyc compiles this module (setup.py).
-        head, refusal = self._admit(stream)
-        if head is None or refusal is not None:
-            if refusal is not None:
-                await _answer_status(stream, refusal)
+        head = self._admit(stream)
+        if isinstance(head, Refusal):
+            await _answer_status(stream, head)
             return
         authorization = await self.api.authorization()
         if not head.upgrade and head.method != "HEAD":
@@ -107,17 +107,18 @@ class KubeProxy:
         if refusal is not None:
             await _answer_status(stream, refusal)
 
-    def _admit(self, stream: MuxStream) -> tuple[RequestHead | None, Refusal | None]:
+    def _admit(self, stream: MuxStream) -> RequestHead | Refusal:
         """The stream's request head, or why it is refused."""
         try:
             head = RequestHead.from_open_headers(stream.headers)
         except MalformedFrameError as exc:
-            return None, Refusal(400, "BadRequest", f"invalid request: {exc}")
+            return Refusal(400, "BadRequest", f"invalid request: {exc}")
         refusal = self.policy.check(head)
-        if refusal is not None:
-            self.refusals += 1
-            logger.info("refused %s %s: %s", head.method, head.path[:200], refusal.message)
-        return head, refusal
+        if refusal is None:
+            return head
+        self.refusals += 1
+        logger.info("refused %s %s: %s", head.method, head.path[:200], refusal.message)
+        return refusal
 
     async def _through_aiohttp(
         self, stream: MuxStream, head: RequestHead, headers: list[tuple[str, str]]
@@ -141,11 +142,10 @@ class KubeProxy:
         authorization: str | None,
     ) -> None:
         """Relay a plain request through the agent's own client."""
-        opened = await self._open(stream, head, headers, authorization)
-        if isinstance(opened, Refusal):
-            await _answer_status(stream, opened)
+        response = await self._open(stream, head, headers, authorization)
+        if isinstance(response, Refusal):
+            await _answer_status(stream, response)
             return
-        response = opened
         with response:
             self.requests[(head.method.lower(), response.status)] += 1
             kept = [
