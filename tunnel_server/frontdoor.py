@@ -30,7 +30,7 @@ from protocol.http import METHODS, ResponseHead, ResponseHeadParser
 from tunnel_kube import status_body
 from tunnel_mux import MuxStream, SessionError
 
-from .context import CONTEXT
+from .context import CONTEXT, ServerContext
 from .frontdoor_buffers import AnswerOutput, RequestBody
 from .http1 import (
     LAST_CHUNK,
@@ -271,7 +271,7 @@ class FrontDoor(asyncio.Protocol):
         # the exception being raised as the thread's current one (setup.py).
         failure: BaseException | None = None
         try:
-            await self._answer(request, cluster, body, exchange, relayed)
+            await self._answer(request, cluster, body, context, exchange, relayed)
         except BaseException as exc:  # noqa: BLE001 - raised again after the clean-up
             failure = exc
         if relayed.uploader is not None:
@@ -290,6 +290,7 @@ class FrontDoor(asyncio.Protocol):
         request: CallerRequest,
         cluster: str,
         body: RequestBody | None,
+        context: ServerContext,
         exchange: ProxyExchange,
         relayed: _Relayed,
     ) -> None:
@@ -297,7 +298,7 @@ class FrontDoor(asyncio.Protocol):
         head_sent = False
         try:
             stream = relayed.stream = await open_relay(
-                self._app[CONTEXT],
+                context,
                 exchange,
                 request.target,
                 request.headers,
