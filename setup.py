@@ -1,15 +1,16 @@
-"""Compiles the wire protocol and the request checks with mypyc; the rest is in pyproject.toml.
+"""Compiles the request path with mypyc; everything else is in pyproject.toml.
 
-The modules below handle every tunnel frame and every proxied request's head.
+The modules below handle every tunnel frame and every proxied request.
 mypyc compiles them, as they are (typed, ``mypy --strict`` clean), to C
-extensions: less CPU per proxied request on each relay (docs/benchmarks.md,
-"Compiled"). The Python sources stay the reference: ``TUNNEL_PURE_PYTHON=1``
-builds without a C compiler and runs the same code interpreted.
+extensions: less CPU per proxied request on each relay (docs/architecture.md,
+"Compiled where every request passes"). The Python sources stay the
+reference: ``TUNNEL_PURE_PYTHON=1`` builds without a C compiler and runs the
+same code interpreted.
 
 A compiled coroutine never awaits in a ``finally`` or ``except`` block, nor
 uses ``async with`` or ``async for`` (tests/test_compiled.py checks): mypyc 2.4
 leaves the exception being raised as the thread's current exception when a
-``finally`` block awaits, and later code raises it again (docs/benchmarks.md).
+``finally`` block awaits, and later code raises it again.
 
 In a checkout, ``scripts/compiled.py`` builds them in place (again whenever
 one changes; scripts/test and scripts/demo call it); a wheel (``pip wheel .``)

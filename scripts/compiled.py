@@ -26,7 +26,14 @@ from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAMP = ROOT / "build" / "compiled.stamp"
+
+
+def _stamp(root: Path) -> Path:
+    """Where the digest of the sources the compiled files came from is kept."""
+    return root / "build" / "compiled.stamp"
+
+
+STAMP = _stamp(ROOT)
 
 
 def compiled_sources(root: Path = ROOT) -> list[Path]:
@@ -74,7 +81,7 @@ def remove() -> None:
 
 
 def _current(root: Path) -> bool:
-    stamp = root / STAMP.relative_to(ROOT)
+    stamp = _stamp(root)
     return stamp.exists() and stamp.read_text().strip() == source_digest(root)
 
 
@@ -93,10 +100,10 @@ def build() -> None:
         return
     lacking = missing_tool()
     if lacking is not None:
-        print(f"==> {lacking}: the protocol runs interpreted, which is slower", flush=True)
+        print(f"==> {lacking}: the request path runs interpreted, which is slower", flush=True)
         remove()
         return
-    print("==> compiling the protocol and the request checks with mypyc", flush=True)
+    print("==> compiling the request path with mypyc", flush=True)
     remove()  # including any module no longer listed
     result = subprocess.run(
         [sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"],
