@@ -10,7 +10,9 @@ same code interpreted.
 A compiled coroutine never awaits in a ``finally`` or ``except`` block, nor
 uses ``async with`` or ``async for`` (tests/test_compiled.py checks): mypyc 2.4
 leaves the exception being raised as the thread's current exception when a
-``finally`` block awaits, and later code raises it again.
+``finally`` block awaits, and later code raises it again. A compiled
+dataclass made per request or frame defines its own ``__init__``
+(``init=False``): the one ``dataclass()`` generates runs interpreted.
 
 In a checkout, ``scripts/compiled.py`` builds them in place (again whenever
 one changes; scripts/test and scripts/demo call it); a wheel (``pip wheel .``)

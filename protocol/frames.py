@@ -86,71 +86,108 @@ class HelloFrame:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class OpenFrame:
     """Opens a stream of a kind (``http``, ``command`` ...) with a header map."""
 
     stream_id: int
     kind: str
     headers: dict[str, Any]
-    end_stream: bool = False
+    end_stream: bool
+
+    def __init__(
+        self, stream_id: int, kind: str, headers: dict[str, Any], end_stream: bool = False
+    ) -> None:
+        object.__setattr__(self, "stream_id", stream_id)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "headers", headers)
+        object.__setattr__(self, "end_stream", end_stream)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class DataFrame:
     """Bytes of a stream; ``end_stream`` half-closes the sender's direction."""
 
     stream_id: int
     data: bytes | memoryview
-    end_stream: bool = False
+    end_stream: bool
+
+    def __init__(self, stream_id: int, data: bytes | memoryview, end_stream: bool = False) -> None:
+        object.__setattr__(self, "stream_id", stream_id)
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "end_stream", end_stream)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ResetFrame:
     """Ends a stream abruptly in both directions."""
 
     stream_id: int
     code: int
-    reason: str = ""
+    reason: str
+
+    def __init__(self, stream_id: int, code: int, reason: str = "") -> None:
+        object.__setattr__(self, "stream_id", stream_id)
+        object.__setattr__(self, "code", code)
+        object.__setattr__(self, "reason", reason)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class WindowFrame:
     """Gives the peer more credit on a stream, or on the connection (stream 0)."""
 
     stream_id: int
     increment: int
 
+    def __init__(self, stream_id: int, increment: int) -> None:
+        object.__setattr__(self, "stream_id", stream_id)
+        object.__setattr__(self, "increment", increment)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class PingFrame:
     """Asks for a PONG carrying the same opaque number."""
 
     opaque: int
 
+    def __init__(self, opaque: int) -> None:
+        object.__setattr__(self, "opaque", opaque)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class PongFrame:
     """Answers a PING."""
 
     opaque: int
 
+    def __init__(self, opaque: int) -> None:
+        object.__setattr__(self, "opaque", opaque)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class GoAwayFrame:
     """No stream above ``last_stream_id`` opened by the receiver will be served."""
 
     last_stream_id: int
     code: int
-    reason: str = ""
+    reason: str
+
+    def __init__(self, last_stream_id: int, code: int, reason: str = "") -> None:
+        object.__setattr__(self, "last_stream_id", last_stream_id)
+        object.__setattr__(self, "code", code)
+        object.__setattr__(self, "reason", reason)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class MessageFrame:
     """A connection-level control message (commands, certificate renewal ...)."""
 
     kind: str
     body: dict[str, Any]
+
+    def __init__(self, kind: str, body: dict[str, Any]) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "body", body)
 
 
 Frame = (

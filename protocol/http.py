@@ -53,14 +53,20 @@ _LENGTH = struct.Struct(">I")
 Headers = tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class RequestHead:
     """A relayed request: method, path with query, headers (names lower-case)."""
 
     method: str
     path: str
     headers: Headers
-    upgrade: bool = False
+    upgrade: bool
+
+    def __init__(self, method: str, path: str, headers: Headers, upgrade: bool = False) -> None:
+        object.__setattr__(self, "method", method)
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "headers", headers)
+        object.__setattr__(self, "upgrade", upgrade)
 
     def to_open_headers(self) -> dict[str, Any]:
         # The pairs go as they are: msgpack writes a tuple as an array.
@@ -100,11 +106,16 @@ class RequestHead:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ResponseHead:
     status: int
     reason: str
     headers: Headers
+
+    def __init__(self, status: int, reason: str, headers: Headers) -> None:
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "headers", headers)
 
     def header(self, name: str) -> str | None:
         for key, value in self.headers:

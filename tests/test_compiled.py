@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import shutil
 import sysconfig
 from importlib.machinery import EXTENSION_SUFFIXES
@@ -41,6 +42,49 @@ def test_no_compiled_coroutine_awaits_while_an_exception_is_handled(source: Path
                 if isinstance(inner, ast.Await)
             ]
     assert found == []
+
+
+#: Dataclasses of compiled modules made once per connection or less: their
+#: generated __init__, interpreted, costs nothing that matters.
+RARELY_MADE = {
+    "CallerMemo",
+    "ConnectionStats",
+    "HandshakeCompleted",
+    "HelloFrame",
+    "Keepalive",
+    "Limits",
+    "ProxyPolicy",
+    "SessionHandlers",
+}
+
+
+@pytest.mark.parametrize("source", COMPILED, ids=module_name)
+def test_compiled_dataclasses_bring_their_own_init(source: Path) -> None:
+    # dataclass() writes __init__ as Python source and runs it through exec():
+    # in a compiled class it stays interpreted, about 380 ns an object against
+    # 85 for one compiled, for every frame, event and request (setup.py).
+    generated = []
+    for node in ast.walk(ast.parse(source.read_text())):
+        if not isinstance(node, ast.ClassDef) or node.name in RARELY_MADE:
+            continue
+        decorators = [ast.unparse(d) for d in node.decorator_list]
+        if not any(d.startswith("dataclass") for d in decorators):
+            continue
+        own = any(isinstance(s, ast.FunctionDef) and s.name == "__init__" for s in node.body)
+        if not own or not any("init=False" in d for d in decorators):
+            generated.append(node.name)
+    assert generated == []
+
+
+def test_a_compiled_dataclass_init_is_compiled_too() -> None:
+    from protocol import frames
+
+    compiled = not (frames.__file__ or "").endswith(".py")
+    assert inspect.isfunction(frames.DataFrame.__init__) is not compiled
+    frame = frames.DataFrame(3, b"x")
+    assert (frame.stream_id, frame.data, frame.end_stream) == (3, b"x", False)
+    assert frame == frames.DataFrame(3, b"x", end_stream=False)
+    assert hash(frame) == hash(frames.DataFrame(3, b"x", False))
 
 
 def test_the_listed_modules_are_all_compiled_or_all_interpreted() -> None:

@@ -24,13 +24,18 @@ _SELF_REVIEWS = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Refusal:
     """Why the agent refuses a request: an HTTP status and a message."""
 
     status: int
     reason: str
     message: str
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "message", message)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ CONNECT_SUBRESOURCES = frozenset({"exec", "attach", "portforward", "proxy"})
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ApiRequest:
     """What a request does, in Kubernetes terms.
 
@@ -26,12 +26,34 @@ class ApiRequest:
     verb: str
     is_resource: bool
     path: str
-    api_group: str = ""
-    api_version: str = ""
-    namespace: str = ""
-    resource: str = ""
-    subresource: str = ""
-    name: str = ""
+    api_group: str
+    api_version: str
+    namespace: str
+    resource: str
+    subresource: str
+    name: str
+
+    def __init__(
+        self,
+        verb: str,
+        is_resource: bool,
+        path: str,
+        api_group: str = "",
+        api_version: str = "",
+        namespace: str = "",
+        resource: str = "",
+        subresource: str = "",
+        name: str = "",
+    ) -> None:
+        object.__setattr__(self, "verb", verb)
+        object.__setattr__(self, "is_resource", is_resource)
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "api_group", api_group)
+        object.__setattr__(self, "api_version", api_version)
+        object.__setattr__(self, "namespace", namespace)
+        object.__setattr__(self, "resource", resource)
+        object.__setattr__(self, "subresource", subresource)
+        object.__setattr__(self, "name", name)
 
     @property
     def is_connect(self) -> bool:

@@ -491,21 +491,29 @@ class FrontDoor(asyncio.Protocol):
             self._idle_timer = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Relayed:
     """What a request's clean-up undoes: its stream, and its body's upload."""
 
-    stream: MuxStream | None = None
-    uploader: asyncio.Task[None] | None = None
+    stream: MuxStream | None
+    uploader: asyncio.Task[None] | None
+
+    def __init__(self) -> None:
+        self.stream = None
+        self.uploader = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Framing:
     """How an answer's body goes to the caller."""
 
     headers: list[tuple[str, str]]
     #: Bytes of body to pass on as they are; None: chunked, to the end of the stream.
     length: int | None
+
+    def __init__(self, headers: list[tuple[str, str]], length: int | None) -> None:
+        self.headers = headers
+        self.length = length
 
 
 def _framing(request: CallerRequest, response: ResponseHead) -> _Framing:

@@ -78,7 +78,7 @@ class MalformedRequestError(ServerError):
         self.status = status
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class CallerRequest:
     """A parsed request head. Header names are in lower case, in order.
 
@@ -99,6 +99,28 @@ class CallerRequest:
     upgrade: str | None
     #: An Expect header was sent.
     expect: bool
+
+    def __init__(
+        self,
+        method: str,
+        target: str,
+        minor_version: int,
+        headers: tuple[tuple[str, str], ...],
+        content_length: int | None,
+        chunked: bool,
+        keep_alive: bool,
+        upgrade: str | None,
+        expect: bool,
+    ) -> None:
+        self.method = method
+        self.target = target
+        self.minor_version = minor_version
+        self.headers = headers
+        self.content_length = content_length
+        self.chunked = chunked
+        self.keep_alive = keep_alive
+        self.upgrade = upgrade
+        self.expect = expect
 
 
 class HeaderBlockCache:
@@ -123,7 +145,7 @@ class HeaderBlockCache:
         return self._block is not None and self._block.headers is headers
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class _HeaderBlock:
     """What a request's header lines say, apart from its request line."""
 
@@ -134,6 +156,22 @@ class _HeaderBlock:
     tokens: frozenset[str]
     upgrade: str | None
     expect: bool
+
+    def __init__(
+        self,
+        headers: tuple[tuple[str, str], ...],
+        content_length: int | None,
+        chunked: bool,
+        tokens: frozenset[str],
+        upgrade: str | None,
+        expect: bool,
+    ) -> None:
+        object.__setattr__(self, "headers", headers)
+        object.__setattr__(self, "content_length", content_length)
+        object.__setattr__(self, "chunked", chunked)
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "upgrade", upgrade)
+        object.__setattr__(self, "expect", expect)
 
 
 def parse_request_head(

@@ -16,7 +16,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from protocol import kinds
 from protocol.errors import HeaderTooLargeError, LocalProtocolError
@@ -85,19 +85,30 @@ class ProxyRefusal(ServerError):
         self.message = message
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class ProxyExchange:
     """One proxied request, as its audit event and metrics record it."""
 
     cluster: str
     method: str
-    started: float = field(default_factory=time.monotonic)
-    user: str | None = None
-    verb: str = ""
-    path: str = ""
-    status: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
+    started: float
+    user: str | None
+    verb: str
+    path: str
+    status: int
+    bytes_in: int
+    bytes_out: int
+
+    def __init__(self, cluster: str, method: str) -> None:
+        self.cluster = cluster
+        self.method = method
+        self.started = time.monotonic()
+        self.user = None
+        self.verb = ""
+        self.path = ""
+        self.status = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
 
 
 def impersonation_headers(user: User, grant: Grant) -> list[tuple[str, str]]:
