@@ -18,12 +18,19 @@ caller_out      ``FrontDoor._write`` / ``_writelines``: the answer written
 tunnel_send     ``WebSocketTransport.send`` called with a message
 tunnel_sent     ``WebSocketTransport.send`` returned (the message written)
 tunnel_recv     ``WebSocketTransport.receive`` returned a message
-upstream_out    ``UpstreamConnection.begin``: the request to the API server
+upstream_out    a write to an ``UpstreamConnection``'s transport: the request to the API server
 upstream_in     ``UpstreamConnection.data_received``: the API server answers
 ==============  ===========================================================
 
 A record costs about half a microsecond, at most :data:`MAX_RECORDS` are kept
 per recording, and the methods are wrapped before the program starts.
+
+The request path is compiled with mypyc (setup.py): a compiled method calls
+another of its class directly, past anything set on the class. So a point is
+marked where the code outside calls in (the event loop calls a protocol's
+``data_received`` and ``connection_made`` by name), or on an object the
+compiled code is given: the upstream request is marked by the transport the
+connection writes it to.
 """
 
 from __future__ import annotations
@@ -79,6 +86,37 @@ def _before(recorder: _Recorder, cls: type, name: str, point: str) -> None:
     setattr(cls, name, marked)
 
 
+class _MarkedWrites:
+    """A transport whose writes are marked; everything else is the transport's own."""
+
+    def __init__(self, transport: Any, recorder: _Recorder, point: str) -> None:
+        self._transport = transport
+        self._recorder = recorder
+        self._point = point
+
+    def write(self, data: bytes) -> None:
+        self._recorder.mark(self._point)
+        self._transport.write(data)
+
+    def writelines(self, parts: Any) -> None:
+        self._recorder.mark(self._point)
+        self._transport.writelines(parts)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def _writes_marked(recorder: _Recorder, cls: type, point: str) -> None:
+    """Mark every write of ``cls``'s connections: they get their transport wrapped."""
+    original: Callable[[Any, Any], None] = getattr(cls, "connection_made")  # noqa: B009
+
+    @functools.wraps(original)
+    def made(self: object, transport: Any) -> None:
+        original(self, _MarkedWrites(transport, recorder, point))
+
+    setattr(cls, "connection_made", made)  # noqa: B010
+
+
 def _install(recorder: _Recorder) -> None:
     from tunnel_agent.upstream_connection import UpstreamConnection
     from tunnel_mux.websocket import WebSocketTransport
@@ -87,7 +125,7 @@ def _install(recorder: _Recorder) -> None:
     _before(recorder, FrontDoor, "data_received", "caller_in")
     _before(recorder, FrontDoor, "_write", "caller_out")
     _before(recorder, FrontDoor, "_writelines", "caller_out")
-    _before(recorder, UpstreamConnection, "begin", "upstream_out")
+    _writes_marked(recorder, UpstreamConnection, "upstream_out")
     _before(recorder, UpstreamConnection, "data_received", "upstream_in")
     send: Callable[[WebSocketTransport, bytes], Awaitable[None]] = WebSocketTransport.send
     receive: Callable[[WebSocketTransport], Awaitable[bytes]] = WebSocketTransport.receive

@@ -102,3 +102,40 @@ def test_a_request_whose_path_was_not_seen_whole_is_left_out() -> None:
 
     assert traced == 2  # the first and third; the last has no next request to end it
     assert steps[-1].p50_us == 11.0  # 9,000 to 20,000 ns and 49,000 to 60,000 ns
+
+
+_UPSTREAM_SCRIPT = """
+import asyncio, sys
+from tunnel_agent.upstream import UpstreamPool
+
+ANSWER = b"HTTP/1.1 200 OK\\r\\ncontent-length: 2\\r\\n\\r\\nok"
+
+async def serve(reader, writer):
+    while await reader.readuntil(b"\\r\\n\\r\\n"):
+        writer.write(ANSWER)
+
+async def exchange(times):
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = UpstreamPool(f"http://127.0.0.1:{port}")
+    for _ in range(times):
+        with await pool.request("GET", "/api", []) as response:
+            assert await response.read() == b"ok"
+    await pool.close()
+    server.close()
+
+print("ready", flush=True)
+for line in sys.stdin:
+    asyncio.run(exchange(int(line)))
+    print("done", flush=True)
+"""
+
+
+async def test_the_request_to_the_upstream_is_marked_as_it_is_written(tmp_path: Path) -> None:
+    """Through the connection's transport: a compiled connection calls its own methods directly."""
+    out = tmp_path / "out.trace"
+    async with wrapped("bench.traced", _UPSTREAM_SCRIPT, tmp_path, out) as running:
+        await running.recorded_once(2, 3, 2)
+
+    points = [point for _, point in records(out)]
+    assert points == ["upstream_out", "upstream_in"] * 3
