@@ -7,6 +7,7 @@ import logging
 import os
 import sqlite3
 import stat
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import closing, contextmanager
@@ -27,6 +28,7 @@ from tunnel_server.store import (
     sqlite_ops,
     sqlite_schema,
 )
+from tunnel_server.store.sqlite import THREAD_NICENESS
 from tunnel_server.store.sqlite_schema import MIGRATIONS, Migration
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -287,6 +289,24 @@ async def test_all_database_work_runs_on_one_thread_that_is_not_the_loops(
     assert len(threads) == 5
     assert len(set(threads)) == 1
     assert threads[0] != threading.get_ident()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="only Linux gives a thread its own nice value")
+async def test_the_database_thread_runs_at_a_lower_cpu_priority_than_the_event_loop(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its bursts of audit writes give way to the requests on the event loop's thread."""
+    seen: list[int] = []
+    original = sqlite_ops.list_clusters
+
+    def spy(db: sqlite3.Connection) -> list[Cluster]:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return original(db)
+
+    monkeypatch.setattr(sqlite_ops, "list_clusters", spy)
+    await store.list_clusters()
+    loop_niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert seen == [min(19, loop_niceness + THREAD_NICENESS)]
 
 
 async def test_a_lock_held_by_another_process_becomes_a_store_error(path: Path) -> None:
