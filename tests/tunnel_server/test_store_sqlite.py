@@ -9,10 +9,11 @@ import sqlite3
 import stat
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import closing, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -32,6 +33,7 @@ from tunnel_server.store.sqlite import THREAD_NICENESS
 from tunnel_server.store.sqlite_schema import MIGRATIONS, Migration
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+T = TypeVar("T")
 
 EXTRA = Migration(
     version=len(MIGRATIONS) + 1,
@@ -274,17 +276,23 @@ async def test_close_lets_work_already_submitted_finish(path: Path) -> None:
     assert [c.name for c in await asyncio.gather(*adding)] == [f"c{i}" for i in range(10)]
 
 
-async def test_all_database_work_runs_on_one_thread_that_is_not_the_loops(
-    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    threads: list[int] = []
+def on_the_database_thread(monkeypatch: pytest.MonkeyPatch, probe: Callable[[], T]) -> list[T]:
+    """What ``probe`` returns where the store lists clusters, once per listing."""
+    seen: list[T] = []
     original = sqlite_ops.list_clusters
 
     def spy(db: sqlite3.Connection) -> list[Cluster]:
-        threads.append(threading.get_ident())
+        seen.append(probe())
         return original(db)
 
     monkeypatch.setattr(sqlite_ops, "list_clusters", spy)
+    return seen
+
+
+async def test_all_database_work_runs_on_one_thread_that_is_not_the_loops(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads = on_the_database_thread(monkeypatch, threading.get_ident)
     await asyncio.gather(*(store.list_clusters() for _ in range(5)))
     assert len(threads) == 5
     assert len(set(threads)) == 1
@@ -296,17 +304,13 @@ async def test_the_database_thread_runs_at_a_lower_cpu_priority_than_the_event_l
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its bursts of audit writes give way to the requests on the event loop's thread."""
-    seen: list[int] = []
-    original = sqlite_ops.list_clusters
 
-    def spy(db: sqlite3.Connection) -> list[Cluster]:
-        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        return original(db)
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
-    monkeypatch.setattr(sqlite_ops, "list_clusters", spy)
+    seen = on_the_database_thread(monkeypatch, niceness)
     await store.list_clusters()
-    loop_niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    assert seen == [min(19, loop_niceness + THREAD_NICENESS)]
+    assert seen == [min(19, niceness() + THREAD_NICENESS)]
 
 
 async def test_a_lock_held_by_another_process_becomes_a_store_error(path: Path) -> None:
