@@ -47,7 +47,7 @@ from .base import (
 from .commands import CommandLogLine, CommandRecord, CommandState, LapsedLease, NewCommand
 from .sqlite_worker import DatabaseWorker
 
-__all__ = ["THREAD_NICENESS", "SqliteStore", "yield_to_event_loop"]
+__all__ = ["THREAD_NICENESS", "SqliteStore"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class SqliteStore(Store):
         """Open the database at ``path``, creating it (mode 0600) and migrating it as needed."""
         path = os.fspath(path)
         executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="sqlite-store", initializer=yield_to_event_loop
+            max_workers=1, thread_name_prefix="sqlite-store", initializer=_yield_to_event_loop
         )
         opening = executor.submit(_connect, path, busy_timeout)
         try:
@@ -337,7 +337,7 @@ MIN_SQLITE = (3, 35, 0)
 """The oldest SQLite with ``RETURNING``, which the command queue's updates use."""
 
 
-def yield_to_event_loop() -> None:
+def _yield_to_event_loop() -> None:
     """Lower the calling thread's CPU priority (by :data:`THREAD_NICENESS`), on Linux.
 
     The database thread's work comes in bursts: a batch of audit events every
@@ -347,7 +347,8 @@ def yield_to_event_loop() -> None:
     half a millisecond on the p99 of every proxied request (docs/benchmarks.md,
     "The database thread's bursts"). Niced, the thread takes the cores when
     the request path leaves them, and still has a share of them when it does
-    not (the event loop waits for the database only when the audit queue is full).
+    not: a proxied request waits on it only for an access-cache miss, or when
+    the audit queue is full.
 
     Linux gives each thread its own nice value; elsewhere the call would
     change the whole process's, so it is made on Linux only.
