@@ -27,10 +27,11 @@ per recording, and the methods are wrapped before the program starts.
 
 The request path is compiled with mypyc (setup.py): a compiled method calls
 another of its class directly, past anything set on the class. So a point is
-marked where the code outside calls in (the event loop calls a protocol's
-``data_received`` and ``connection_made`` by name), or on an object the
-compiled code is given: the upstream request is marked by the transport the
-connection writes it to.
+marked where a method is looked up by name: the event loop calls a protocol's
+``data_received`` and ``connection_made`` so, and the front door hands its
+``_write`` and ``_writelines`` to the answer's buffer as bound methods (an
+answer written by a direct call, a refusal's, is not marked). The upstream
+request is marked by the transport its connection writes it to.
 """
 
 from __future__ import annotations
