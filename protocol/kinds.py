@@ -7,6 +7,7 @@ the two sides agree (docs/protocol.md, "Application kinds").
 from __future__ import annotations
 
 __all__ = [
+    "HTTP_ACCESS_REVOKED",
     "INFO_AGENT_VERSION",
     "INFO_CLUSTER",
     "INFO_POD",
@@ -28,6 +29,9 @@ PATH_AGENT_CONNECT = "/api/v1/agent/connect"
 
 #: A Kubernetes API request relayed to the cluster (server -> agent).
 STREAM_HTTP = "http"
+#: RESET code on an ``http`` stream: the server ended the request because its
+#: caller's access was taken away; the reason says how.
+HTTP_ACCESS_REVOKED = 0x100
 #: A command offered to the agent (server -> agent): headers ``{"id", "attempt",
 #: "type", "name"}``, data the spec as one JSON record; the agent answers one
 #: record ``{"accepted": bool, "reason"?}`` (docs/protocol.md, "Command streams").

@@ -82,7 +82,10 @@ class AccessCache:
 
     async def lookup_user(self, token: str) -> tuple[float, User | None]:
         """(until when the answer holds, the token's user or None)."""
-        token_hash = hash_token(token)
+        return await self.lookup_user_by_hash(hash_token(token))
+
+    async def lookup_user_by_hash(self, token_hash: str) -> tuple[float, User | None]:
+        """(until when the answer holds, the user of the token with this hash, or None)."""
         entry = self._users.peek(token_hash)
         if entry[0]:
             return entry

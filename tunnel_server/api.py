@@ -157,7 +157,7 @@ async def delete_cluster(request: web.Request) -> web.Response:
     await _revoke(context, cluster.name)
     await context.registry.disconnect(cluster.name, "the cluster was deleted")
     await context.store.delete_cluster(cluster.name)
-    context.access.invalidate()  # its grants went with it
+    await context.live.access_changed()  # its grants went with it
     logger.warning("cluster deleted by %s", user.name, extra={"cluster": cluster.name})
     return json_response({"deleted": cluster.name})
 

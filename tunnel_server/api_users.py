@@ -77,9 +77,9 @@ async def delete_user(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     name = request.match_info["user"]
     await context.store.delete_user(name)
-    context.access.invalidate()
+    ended = await context.live.access_changed()
     await _audit(context, admin.name, "user.delete", name)
-    return json_response({"deleted": name})
+    return json_response({"deleted": name, "ended_requests": ended})
 
 
 async def revoke_user_tokens(request: web.Request) -> web.Response:
@@ -89,9 +89,9 @@ async def revoke_user_tokens(request: web.Request) -> web.Response:
     name = request.match_info["user"]
     await context.store.get_user(name)
     count = await context.store.revoke_api_tokens(name)
-    context.access.invalidate()
+    ended = await context.live.access_changed()
     await _audit(context, admin.name, "user.revoke-tokens", name)
-    return json_response({"user": name, "revoked": count})
+    return json_response({"user": name, "revoked": count, "ended_requests": ended})
 
 
 async def new_user_token(request: web.Request) -> web.Response:
@@ -101,7 +101,8 @@ async def new_user_token(request: web.Request) -> web.Response:
     await context.store.get_user(name)
     if request.query.get("revoke_others") in ("1", "true"):
         await context.store.revoke_api_tokens(name)
-        context.access.invalidate()  # at once, not after the new token is stored
+        # At once, not after the new token is stored; live requests on the old ones end.
+        await context.live.access_changed()
     token = await _issue_token(context, name)
     await _audit(context, admin.name, "user.token", name)
     return json_response({"user": name, "token": token}, status=201)
@@ -156,9 +157,10 @@ async def set_grant(request: web.Request) -> web.Response:
         impersonate=flags["impersonate"],
     )
     await context.store.set_grant(grant)
-    context.access.invalidate()
+    # A changed grant changes the identity the cluster sees: requests made as the old one end.
+    ended = await context.live.access_changed()
     await _audit(context, admin.name, "grant", f"{user}@{cluster}", cluster=cluster)
-    return json_response(_grant_view(grant))
+    return json_response({**_grant_view(grant), "ended_requests": ended})
 
 
 async def delete_grant(request: web.Request) -> web.Response:
@@ -166,9 +168,9 @@ async def delete_grant(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     user, cluster = request.match_info["user"], request.match_info["cluster"]
     await context.store.delete_grant(user, cluster)
-    context.access.invalidate()
+    ended = await context.live.access_changed()
     await _audit(context, admin.name, "ungrant", f"{user}@{cluster}", cluster=cluster)
-    return json_response({"deleted": {"user": user, "cluster": cluster}})
+    return json_response({"deleted": {"user": user, "cluster": cluster}, "ended_requests": ended})
 
 
 async def list_audit(request: web.Request) -> web.Response:

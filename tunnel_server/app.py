@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.sslproto
+import functools
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,7 +35,9 @@ from .errors import (
 from .frontdoor import FrontDoor, FrontDoors
 from .kubeproxy import setup_kube_proxy
 from .listener import BoundedTlsListener
+from .live_access import LiveRequests
 from .metrics import ServerMetrics
+from .proxyrequest import access_refusal
 from .registry import AgentRegistry
 from .statedir import ServerIdentity, ensure_admin, prepare_state_dir
 from .store.base import AlreadyExistsError, NotFoundError, QueueFullError, StoreError
@@ -76,19 +79,22 @@ def _lifecycle(
             registry = AgentRegistry(settings.tunnel.replace_grace)
             metrics = ServerMetrics()
             commands = CommandDispatcher(store, registry, audit, settings.commands, metrics)
+            access = AccessCache(store)
+            live = LiveRequests(access, functools.partial(access_refusal, access))
             context = ServerContext(
                 settings=settings,
                 identity=identity,
                 store=store,
                 registry=registry,
-                access=AccessCache(store),
+                access=access,
+                live=live,
                 audit=audit,
                 commands=commands,
                 metrics=metrics,
                 revoked=await store.revoked_serials(),
             )
             app[CONTEXT] = context
-            async with audit.running(), commands.running():
+            async with audit.running(), commands.running(), live.running():
                 yield
                 await context.registry.close(grace=0)
         finally:

@@ -11,6 +11,7 @@ from aiohttp import web
 from .access import AccessCache
 from .audit import AuditWriter
 from .config import ServerSettings
+from .live_access import LiveRequests
 from .metrics import ServerMetrics
 from .registry import AgentRegistry
 from .statedir import ServerIdentity
@@ -33,6 +34,8 @@ class ServerContext:
     store: Store
     registry: AgentRegistry
     access: AccessCache
+    #: The proxied requests in progress, ended when access no longer allows them.
+    live: LiveRequests
     audit: AuditWriter
     commands: CommandDispatcher
     metrics: ServerMetrics

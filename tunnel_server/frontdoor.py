@@ -51,6 +51,7 @@ from .proxyrequest import (
     cluster_of,
     finish,
     open_relay,
+    revocation_event,
     upload,
 )
 
@@ -370,6 +371,13 @@ class FrontDoor(asyncio.Protocol):
                 if not data:
                     break
         except SessionError as exc:
+            event = revocation_event(exc, exchange, response.headers)
+            if event is not None and chunked:
+                # Access revoked: the watch ends as the API server ends one, saying why.
+                out.add(chunk(event))
+                out.add(LAST_CHUNK)
+                out.flush()
+                return
             # The agent went away mid-response: end the caller's connection
             # without the last chunk, so the client sees the break (kubectl
             # get -w exits with an error; informers list and watch again).

@@ -15,19 +15,21 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from protocol import kinds
 from protocol.errors import HeaderTooLargeError, LocalProtocolError
 from protocol.http import RequestHead
-from tunnel_kube import parse_api_request
-from tunnel_mux import MuxStream, SessionError
+from tunnel_kube import parse_api_request, status_body
+from tunnel_mux import MuxStream, SessionError, StreamResetError
 
+from .access import AccessCache
 from .auth import parse_bearer
 from .context import ServerContext
 from .errors import ServerError, UnauthorizedError
-from .store.base import Grant, ProxyAuditRecord, StoreError, User
+from .live_access import Credential
+from .store.base import Grant, ProxyAuditRecord, StoreError, User, hash_token
 
 __all__ = [
     "DROPPED_RESPONSE_HEADERS",
@@ -35,11 +37,14 @@ __all__ = [
     "CallerMemo",
     "ProxyExchange",
     "ProxyRefusal",
+    "access_refusal",
     "cluster_of",
     "finish",
     "forwarded_headers",
+    "identity_headers",
     "impersonation_headers",
     "open_relay",
+    "revocation_event",
     "upload",
     "upstream_path",
 ]
@@ -98,6 +103,8 @@ class ProxyExchange:
     status: int
     bytes_in: int
     bytes_out: int
+    #: The request's stream, while the server's live requests hold it.
+    stream: MuxStream | None
 
     def __init__(self, cluster: str, method: str) -> None:
         self.cluster = cluster
@@ -109,6 +116,7 @@ class ProxyExchange:
         self.status = 0
         self.bytes_in = 0
         self.bytes_out = 0
+        self.stream = None
 
 
 def impersonation_headers(user: User, grant: Grant) -> list[tuple[str, str]]:
@@ -149,6 +157,7 @@ class CallerMemo:
     until: float = 0.0
     user: str = ""
     forwarded: tuple[tuple[str, str], ...] = ()
+    credential: Credential | None = None
 
 
 async def open_relay(
@@ -184,7 +193,7 @@ async def open_relay(
     if remembered is not None:
         exchange.user = remembered.user
     else:
-        until, user, grant = await _authorize(context, exchange, headers)
+        until, token_hash, user, grant = await _authorize(context, exchange, headers)
     path = upstream_path(raw_target, cluster)
     exchange.path = path.split("?", 1)[0]
     api_request = parse_api_request(exchange.method, path)
@@ -192,8 +201,16 @@ async def open_relay(
     exchange.verb = api_request.subresource if api_request.is_connect else api_request.verb
     if remembered is not None:
         forwarded = remembered.forwarded
+        credential = remembered.credential
+        assert credential is not None
     else:
         forwarded = tuple(forwarded_headers(headers, upgrade, user, grant))
+        credential = Credential(
+            token_hash,
+            cluster,
+            tuple(header for header in headers if header[0].startswith("impersonate-")),
+            tuple(header for header in forwarded if header[0].startswith("impersonate-")),
+        )
         if memo is not None:
             memo.headers = headers
             memo.cluster = cluster
@@ -202,6 +219,7 @@ async def open_relay(
             memo.until = until
             memo.user = user.name
             memo.forwarded = forwarded
+            memo.credential = credential
     agent = context.registry.get(cluster)
     if agent is None:
         # Fail fast: no waiting for an agent that may never come.
@@ -222,6 +240,9 @@ async def open_relay(
         raise ProxyRefusal(
             503, "ServiceUnavailable", f"cluster {cluster} cannot take the request now: {exc}"
         ) from exc
+    # Checked again whenever access changes, for as long as it lasts.
+    context.live.add(stream, credential, generation)
+    exchange.stream = stream
     # In a burst of requests, the agent starts on the first while the rest are read.
     try:
         await agent.session.send_if_due()
@@ -233,10 +254,11 @@ async def open_relay(
 
 async def _authorize(
     context: ServerContext, exchange: ProxyExchange, headers: Iterable[tuple[str, str]]
-) -> tuple[float, User, Grant]:
+) -> tuple[float, str, User, Grant]:
     """The caller's user and grant on the exchange's cluster, or the refusal to answer.
 
-    Also until when (on the access cache's clock) both answers hold.
+    Also until when (on the access cache's clock) both answers hold, and the
+    hash of the caller's token.
     """
     cluster = exchange.cluster
     authorization = ""
@@ -249,7 +271,8 @@ async def _authorize(
     except UnauthorizedError as exc:
         raise ProxyRefusal(401, "Unauthorized", exc.message) from exc
     try:
-        user_until, user = await context.access.lookup_user(token)
+        token_hash = hash_token(token)
+        user_until, user = await context.access.lookup_user_by_hash(token_hash)
         grant_until, grant = (
             (0.0, None) if user is None else await context.access.lookup_grant(user.name, cluster)
         )
@@ -265,11 +288,14 @@ async def _authorize(
     exchange.user = user.name  # from here on, refusals are audited under the user
     if grant is None:
         raise ProxyRefusal(403, "Forbidden", f"user {user.name} has no grant on cluster {cluster}")
-    return min(user_until, grant_until), user, grant
+    return min(user_until, grant_until), token_hash, user, grant
 
 
 async def finish(context: ServerContext, exchange: ProxyExchange) -> None:
     """Record the request's metrics and, for an authenticated caller, its audit event."""
+    if exchange.stream is not None:
+        context.live.discard(exchange.stream)
+        exchange.stream = None
     elapsed = time.monotonic() - exchange.started
     context.metrics.observe_proxy(
         exchange.verb or exchange.method.lower(), exchange.status, elapsed
@@ -288,6 +314,29 @@ async def finish(context: ServerContext, exchange: ProxyExchange) -> None:
                 round(elapsed * 1000),
             )
         )
+
+
+def revocation_event(
+    error: SessionError, exchange: ProxyExchange, headers: Iterable[tuple[str, str]]
+) -> bytes | None:
+    """The last event of a JSON watch that access revoked, or None for any other end.
+
+    ``error`` ended the answer, whose head had ``headers`` (names in lower
+    case). The event is the ``ERROR`` with a 403 ``Status`` that the API
+    server itself sends to end a watch, so a client reports why it ended.
+    """
+    if (
+        not isinstance(error, StreamResetError)
+        or error.remote
+        or error.code != kinds.HTTP_ACCESS_REVOKED
+        or exchange.verb != "watch"
+    ):
+        return None
+    content_type = next((value for name, value in headers if name == "content-type"), "")
+    if not content_type.lower().startswith("application/json"):
+        return None
+    status = status_body(403, "Forbidden", f"access revoked: {error.reason}")
+    return b'{"type":"ERROR","object":' + status + b"}\n"
 
 
 def upstream_path(raw_target: str, cluster: str) -> str:
@@ -333,15 +382,51 @@ def forwarded_headers(
     if upgrade is not None:
         forwarded.append(("connection", "Upgrade"))
         forwarded.append(("upgrade", upgrade))
-    if impersonated:
-        forwarded.extend(_caller_impersonation(impersonated, user, grant))
-    else:
-        forwarded.extend(impersonation_headers(user, grant))
+    forwarded.extend(identity_headers(impersonated, user, grant))
     return forwarded
 
 
+def identity_headers(
+    requested: Sequence[tuple[str, str]], user: User, grant: Grant
+) -> list[tuple[str, str]]:
+    """The ``Impersonate-*`` headers that tell the cluster who the caller is.
+
+    ``requested`` are the caller's own (names in lower case): its
+    ``--as``/``--as-group``, refused unless the grant allows them. Without
+    them, ``tunnel:<user>`` in the user's and the grant's groups.
+    """
+    if requested:
+        return _caller_impersonation(requested, user, grant)
+    return impersonation_headers(user, grant)
+
+
+async def access_refusal(access: AccessCache, credential: Credential) -> str | None:
+    """Why a new request with ``credential`` would be refused now; None if it would not.
+
+    A store that cannot be read refuses nothing here: an outage is not a
+    revocation (it is logged).
+    """
+    try:
+        _, user = await access.lookup_user_by_hash(credential.token_hash)
+        if user is None:
+            return "the caller's API token was revoked, or its user deleted"
+        _, grant = await access.lookup_grant(user.name, credential.cluster)
+    except StoreError as exc:
+        logger.warning("cannot check the live requests' access now: %s", exc)
+        return None
+    if grant is None:
+        return f"user {user.name} no longer has a grant on cluster {credential.cluster}"
+    try:
+        identity = tuple(identity_headers(credential.requested, user, grant))
+    except ProxyRefusal as refusal:
+        return refusal.message
+    if identity != credential.identity:
+        return f"the identity of user {user.name} on cluster {credential.cluster} changed"
+    return None
+
+
 def _caller_impersonation(
-    requested: list[tuple[str, str]], user: User, grant: Grant
+    requested: Sequence[tuple[str, str]], user: User, grant: Grant
 ) -> list[tuple[str, str]]:
     """The caller's own --as/--as-group, allowed only by its grant, inside our prefix."""
     if not grant.impersonate:

@@ -91,12 +91,12 @@ class Kubectl:
         assert process.returncode is not None
         return Result(process.returncode, stdout.decode(), stderr.decode())
 
-    async def start(self, *args: str) -> Running:
-        """Start ``kubectl args...`` and leave it running."""
+    async def start(self, *args: str, stdin: bool = False) -> Running:
+        """Start ``kubectl args...`` and leave it running (with ``stdin``, a pipe to write to)."""
         process = await asyncio.create_subprocess_exec(
             KUBECTL,
             *args,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=self.env(),

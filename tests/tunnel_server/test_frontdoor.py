@@ -521,10 +521,10 @@ async def test_a_cluster_without_a_grant_is_answered_403(tunnel: Tunnel) -> None
 async def test_a_store_failure_while_authenticating_is_answered_503_and_the_connection_kept(
     tunnel: Tunnel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def unreadable(token: str) -> tuple[float, User | None]:
+    async def unreadable(token_hash: str) -> tuple[float, User | None]:
         raise StoreError("the state store is locked")
 
-    monkeypatch.setattr(tunnel.server.context.access, "lookup_user", unreadable)
+    monkeypatch.setattr(tunnel.server.context.access, "lookup_user_by_hash", unreadable)
     async with caller(tunnel.server) as connection:
         connection.send(get(tunnel, f"{PODS}/demo"))
         refused = await connection.reply()

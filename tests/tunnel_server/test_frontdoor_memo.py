@@ -27,16 +27,16 @@ tunnel = kubectl_e2e.tunnel
 
 
 def count_token_lookups(tunnel: Tunnel, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record each time the server looks up who a token is."""
+    """Record each time the server looks up who a token is (by the token's hash)."""
     access = tunnel.server.context.access
-    lookup = access.lookup_user
+    lookup = access.lookup_user_by_hash
     seen: list[str] = []
 
-    async def counted(token: str) -> tuple[float, User | None]:
-        seen.append(token)
-        return await lookup(token)
+    async def counted(token_hash: str) -> tuple[float, User | None]:
+        seen.append(token_hash)
+        return await lookup(token_hash)
 
-    monkeypatch.setattr(access, "lookup_user", counted)
+    monkeypatch.setattr(access, "lookup_user_by_hash", counted)
     return seen
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 from urllib.parse import urlencode
 
 from .client import ApiClient, segment
@@ -102,8 +103,8 @@ def user_list(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def user_delete(client: ApiClient, args: argparse.Namespace) -> int:
-    client.request("DELETE", f"/api/v1/users/{segment(args.name)}")
-    print(f"deleted user {args.name}")
+    answer = client.request("DELETE", f"/api/v1/users/{segment(args.name)}")
+    print(f"deleted user {args.name}{_ended(answer)}")
     return 0
 
 
@@ -119,7 +120,7 @@ def user_token(client: ApiClient, args: argparse.Namespace) -> int:
 
 def user_revoke_tokens(client: ApiClient, args: argparse.Namespace) -> int:
     answer = client.request("DELETE", f"/api/v1/users/{segment(args.name)}/tokens")
-    print(f"revoked {answer['revoked']} API token(s) of {args.name}")
+    print(f"revoked {answer['revoked']} API token(s) of {args.name}{_ended(answer)}")
     return 0
 
 
@@ -132,14 +133,22 @@ def grant_access(client: ApiClient, args: argparse.Namespace) -> int:
     if args.output == "json":
         print_json(answer)
     else:
-        print(f"granted {args.user} access to {args.cluster}")
+        print(f"granted {args.user} access to {args.cluster}{_ended(answer)}")
     return 0
 
 
 def ungrant_access(client: ApiClient, args: argparse.Namespace) -> int:
-    client.request("DELETE", f"/api/v1/grants/{segment(args.user)}/{segment(args.cluster)}")
-    print(f"{args.user} no longer reaches {args.cluster}")
+    answer = client.request(
+        "DELETE", f"/api/v1/grants/{segment(args.user)}/{segment(args.cluster)}"
+    )
+    print(f"{args.user} no longer reaches {args.cluster}{_ended(answer)}")
     return 0
+
+
+def _ended(answer: Any) -> str:
+    """What the server says it ended: the kubectl requests (watch, exec...) in progress."""
+    ended = answer.get("ended_requests", 0) if isinstance(answer, dict) else 0
+    return f"; ended {ended} kubectl request(s) in progress" if ended else ""
 
 
 def list_grants(client: ApiClient, args: argparse.Namespace) -> int:

@@ -1,0 +1,186 @@
+"""Taking access away ends the kubectl requests already in progress.
+
+A watch, an exec session or a port-forward can last for days; the server
+checked its caller once, when it opened. These tests run the real kubectl
+through the real server and agent (the ``tunnel`` fixture of
+test_kubectl_tunnel.py) and check that a revocation through the API ends the
+requests it no longer allows, promptly, at the cluster too, and no others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from pathlib import Path
+
+from tests.kubestub_tests.kubectl import TIMEOUT, Kubectl, Running
+
+from ..support import until
+from . import test_kubectl_tunnel as kubectl_e2e
+from .test_kubectl_tunnel import Tunnel
+
+server = kubectl_e2e.server
+tunnel = kubectl_e2e.tunnel
+
+
+async def watching(kubectl: Kubectl, tunnel: Tunnel, watchers: int = 1) -> Running:
+    """``kubectl get pods -w``, once its watch is open at the API server."""
+    watch = await kubectl.start("get", "pods", "-w", "--no-headers")
+    assert (await watch.line()).split()[0] == "demo"
+    # The first line comes from kubectl's LIST; its WATCH follows.
+    await until(lambda: tunnel.stub.store.watcher_count >= watchers, max_turns=10**7)
+    return watch
+
+
+async def ended(running: Running) -> tuple[int, str]:
+    """kubectl's exit status and stderr, once it ends on its own (it must, in time)."""
+    code = await asyncio.wait_for(running.process.wait(), TIMEOUT)
+    return code, await running.stop()
+
+
+async def kubectl_for(tunnel: Tunnel, user: str, directory: Path) -> Kubectl:
+    """kubectl for another user, granted prod-eu."""
+    status, _ = await tunnel.server.api("POST", "/api/v1/users", {"name": user})
+    assert status == 201
+    status, _ = await tunnel.server.api("PUT", f"/api/v1/grants/{user}/prod-eu", {})
+    assert status == 200
+    status, answer = await tunnel.server.api(
+        "POST", f"/api/v1/users/{user}/kubeconfig?cluster=prod-eu"
+    )
+    assert status == 201
+    # The test server's public URL names no real port; point kubectl at it.
+    return kubectl_with(
+        answer["kubeconfig"].replace("https://127.0.0.1:1", tunnel.server.url), directory
+    )
+
+
+def kubectl_with(kubeconfig: str, directory: Path) -> Kubectl:
+    directory.mkdir()
+    (directory / "kc.yaml").write_text(kubeconfig)
+    return Kubectl(directory / "kc.yaml", directory, directory)
+
+
+async def test_ungrant_ends_a_watch_in_progress_at_the_caller_and_at_the_cluster(
+    tunnel: Tunnel,
+) -> None:
+    watch = await watching(tunnel.kubectl, tunnel)
+
+    status, answer = await tunnel.server.api("DELETE", "/api/v1/grants/alice/prod-eu")
+
+    assert status == 200
+    assert answer["ended_requests"] == 1
+    # The watch's last event is the API server's way to end one with an error:
+    # kubectl prints the Status, then ends as it does when a watch ends.
+    assert (await watch.line()).split(maxsplit=2) == [
+        "Failure",
+        "Forbidden",
+        "access revoked: user alice no longer has a grant on cluster prod-eu",
+    ]
+    await ended(watch)
+    await until(lambda: tunnel.stub.store.watcher_count == 0, max_turns=10**7)
+    again = await tunnel.kubectl.run("get", "pods")
+    assert again.returncode != 0
+    assert "no grant on cluster prod-eu" in again.stderr
+
+
+async def test_revoking_a_users_tokens_ends_its_exec_session(tunnel: Tunnel) -> None:
+    session = await tunnel.kubectl.start("exec", "-i", "demo", "--", "cat", stdin=True)
+    assert session.process.stdin is not None
+    session.process.stdin.write(b"still here\n")
+    assert await session.line() == "still here"  # the session is open end to end
+
+    status, answer = await tunnel.server.api("DELETE", "/api/v1/users/alice/tokens")
+
+    assert status == 200
+    assert answer["ended_requests"] == 1
+    code, _ = await ended(session)
+    assert code != 0
+
+
+async def test_a_changed_grant_ends_the_port_forward_opened_under_the_old_identity(
+    tunnel: Tunnel,
+) -> None:
+    forwarding = await tunnel.kubectl.start("port-forward", "pod/demo", ":8080")
+    match = re.match(r"Forwarding from 127\.0\.0\.1:(\d+) -> 8080", await forwarding.line())
+    assert match, "kubectl did not say where it listens"
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(match.group(1)))
+    try:
+        writer.write(b"ping")
+        assert await asyncio.wait_for(reader.readexactly(4), TIMEOUT) == b"ping"
+
+        # The cluster authorized the forward as tunnel:alice in tunnel:platform;
+        # from now on she is also in tunnel:view-only, so it was not this identity.
+        status, answer = await tunnel.server.api(
+            "PUT", "/api/v1/grants/alice/prod-eu", {"as_groups": ["view-only"]}
+        )
+
+        assert status == 200
+        assert answer["ended_requests"] == 1
+        assert await asyncio.wait_for(reader.read(), TIMEOUT) == b""  # the forward ended
+    finally:
+        writer.close()
+        await forwarding.stop()
+
+
+async def test_only_the_revoked_users_requests_end(tunnel: Tunnel, tmp_path: Path) -> None:
+    bob = await kubectl_for(tunnel, "bob", tmp_path / "bob")
+    alices = await watching(tunnel.kubectl, tunnel, watchers=1)
+    bobs = await watching(bob, tunnel, watchers=2)
+
+    status, answer = await tunnel.server.api("DELETE", "/api/v1/grants/alice/prod-eu")
+
+    assert (status, answer["ended_requests"]) == (200, 1)
+    assert "access revoked" in await alices.line()
+    await ended(alices)
+    try:
+        tunnel.stub.add_pod("arrived-later")
+        assert (await bobs.line()).split()[0] == "arrived-later"  # bob's watch goes on
+    finally:
+        await bobs.stop()
+
+
+async def test_a_request_that_ended_is_no_longer_held(tunnel: Tunnel) -> None:
+    live = tunnel.server.context.live
+    result = await tunnel.kubectl.run("get", "pod", "demo", "-o", "name")
+    assert result.stdout.strip() == "pod/demo"
+    assert len(live) == 0
+    watch = await watching(tunnel.kubectl, tunnel)
+    assert len(live) == 1
+    await watch.stop()
+    await until(lambda: len(live) == 0, max_turns=10**7)
+
+
+async def tunnelctl(tunnel: Tunnel, *args: str) -> str:
+    """Run the real tunnelctl as the server's admin; its stdout (it must succeed)."""
+    ca = tunnel.settings_dir / "server-ca.crt"
+    ca.write_bytes(tunnel.server.ca_pem)
+    server = ["--server", tunnel.server.url, "--ca", str(ca)]
+    process = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "tunnelctl"),
+        *server,
+        "--token",
+        tunnel.server.admin_token,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT)
+    assert process.returncode == 0, stderr.decode()
+    return stdout.decode()
+
+
+async def test_tunnelctl_says_how_many_requests_in_progress_a_revocation_ended(
+    tunnel: Tunnel,
+) -> None:
+    watch = await watching(tunnel.kubectl, tunnel)
+    try:
+        ungranted = await tunnelctl(tunnel, "ungrant", "alice", "--cluster", "prod-eu")
+        assert ungranted == (
+            "alice no longer reaches prod-eu; ended 1 kubectl request(s) in progress\n"
+        )
+    finally:
+        await watch.stop()
+    # Nothing left to end: the line says only what was done.
+    revoked = await tunnelctl(tunnel, "user", "revoke-tokens", "alice")
+    assert revoked == "revoked 2 API token(s) of alice\n"  # the first, and the kubeconfig's

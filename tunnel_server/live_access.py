@@ -1,0 +1,140 @@
+"""The proxied requests in progress, checked again when access changes.
+
+A watch, a ``logs -f``, an exec session or a port-forward may last for days,
+and the server checked its caller's token and grant once, when it opened. So
+whenever access changes (a user, a token or a grant is deleted or changed),
+every live request is checked again as a new one would be: the token must
+still name a user, the user must still have a grant on the cluster, and the
+identity the cluster was told (``Impersonate-User``/``-Group``) must be the one
+the server would assert now. A request that fails is ended: its stream is
+reset (code ``HTTP_ACCESS_REVOKED``, the refusal as its reason), so the agent
+ends the request at the API server. A JSON watch then gets a last ``ERROR``
+event with a 403 ``Status`` that says why (``kubectl get -w`` prints it and
+exits with an error); any other answer ends without its final chunk, as when
+the agent goes away. A client that retries is refused with 401 or 403.
+
+Changes made through this server's API apply at once (the API call returns
+after the live requests were checked, and says how many it ended). Changes
+made to the store by anything else apply at the next periodic check, every
+:data:`RECHECK_INTERVAL` seconds (plus the access cache's time to live). A
+store that cannot be read ends nothing: an outage is not a revocation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from protocol.kinds import HTTP_ACCESS_REVOKED
+from tunnel_mux import MuxStream
+
+from .access import AccessCache
+
+__all__ = ["RECHECK_INTERVAL", "Credential", "LiveRequests"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two checks of the live requests when nothing on this server
+#: changed access (the changes made elsewhere apply within this time).
+RECHECK_INTERVAL = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """What a proxied request was let through with; requests of one connection share it."""
+
+    #: The hash of the caller's API token (the token itself is not kept).
+    token_hash: str = field(repr=False)
+    cluster: str
+    #: The caller's own ``Impersonate-*`` headers (names in lower case); usually none.
+    requested: tuple[tuple[str, str], ...]
+    #: The ``Impersonate-*`` headers forwarded: who the cluster was told the caller is.
+    identity: tuple[tuple[str, str], ...]
+
+
+class LiveRequests:
+    """The streams of the proxied requests in progress, each with its credential."""
+
+    def __init__(
+        self,
+        access: AccessCache,
+        refusal: Callable[[Credential], Awaitable[str | None]],
+        *,
+        interval: float = RECHECK_INTERVAL,
+    ) -> None:
+        """``refusal(credential)`` says why a new request with it would be refused, or None."""
+        self._access = access
+        self._refusal = refusal
+        self._interval = interval
+        self._live: dict[MuxStream, Credential] = {}
+        self._due = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def add(self, stream: MuxStream, credential: Credential, generation: int) -> None:
+        """Track ``stream``, let through with ``credential`` as of access ``generation``.
+
+        If access changed since that generation was read, the check that went
+        with the change may have missed the request: it is checked again soon.
+        """
+        self._live[stream] = credential
+        if generation != self._access.generation:
+            self._due.set()
+
+    def discard(self, stream: MuxStream) -> None:
+        """Forget a stream whose request has ended."""
+        self._live.pop(stream, None)
+
+    async def access_changed(self) -> int:
+        """Forget the cached access, then end the live requests it no longer allows.
+
+        Returns how many were ended.
+        """
+        self._access.invalidate()
+        return await self.check()
+
+    async def check(self) -> int:
+        """End the live requests whose credential would now be refused; how many."""
+        by_credential: dict[Credential, list[MuxStream]] = {}
+        for stream, credential in self._live.items():
+            by_credential.setdefault(credential, []).append(stream)
+        ended = 0
+        for credential, streams in by_credential.items():
+            refusal = await self._refusal(credential)
+            if refusal is None:
+                continue
+            streams = [stream for stream in streams if self._live.pop(stream, None) is not None]
+            for stream in streams:
+                stream.reset(HTTP_ACCESS_REVOKED, refusal)
+            ended += len(streams)
+            if streams:
+                logger.warning(
+                    "ended %d live request(s): %s",
+                    len(streams),
+                    refusal,
+                    extra={"cluster": credential.cluster},
+                )
+        return ended
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Check the live requests periodically, and when asked, while the block runs."""
+        task = asyncio.create_task(self._check_forever(), name="live request checks")
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _check_forever(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._due.wait(), self._interval)
+            self._due.clear()
+            # With the access cache as it is: its answers are at most its time
+            # to live old, and clearing it would make every connection ask again.
+            await self.check()
