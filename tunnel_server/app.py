@@ -80,7 +80,11 @@ def _lifecycle(
             metrics = ServerMetrics()
             commands = CommandDispatcher(store, registry, audit, settings.commands, metrics)
             access = AccessCache(store)
-            live = LiveRequests(access, functools.partial(access_refusal, access))
+            live = LiveRequests(
+                access,
+                functools.partial(access_refusal, access),
+                on_ended=metrics.proxy_revoked.inc,
+            )
             context = ServerContext(
                 settings=settings,
                 identity=identity,
@@ -138,6 +142,7 @@ async def _healthz(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     context.metrics.clusters_connected.set(len(context.registry.connected()))
+    context.metrics.proxy_in_progress.set(len(context.live))
     return web.Response(
         body=context.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )

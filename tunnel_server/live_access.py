@@ -64,10 +64,15 @@ class LiveRequests:
         refusal: Callable[[Credential], Awaitable[str | None]],
         *,
         interval: float = RECHECK_INTERVAL,
+        on_ended: Callable[[int], None] = lambda count: None,
     ) -> None:
-        """``refusal(credential)`` says why a new request with it would be refused, or None."""
+        """``refusal(credential)`` says why a new request with it would be refused, or None.
+
+        ``on_ended(count)`` is told each time a check ended ``count`` requests.
+        """
         self._access = access
         self._refusal = refusal
+        self._on_ended = on_ended
         self._interval = interval
         self._live: dict[MuxStream, Credential] = {}
         self._due = asyncio.Event()
@@ -112,6 +117,7 @@ class LiveRequests:
                 stream.reset(HTTP_ACCESS_REVOKED, refusal)
             ended += len(streams)
             if streams:
+                self._on_ended(len(streams))
                 logger.warning(
                     "ended %d live request(s): %s",
                     len(streams),

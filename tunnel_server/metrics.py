@@ -119,6 +119,16 @@ class ServerMetrics:
         )
         self.proxies = ProxyRequestCollector(_LATENCY_BUCKETS)
         r.register(self.proxies)
+        self.proxy_in_progress = Gauge(
+            "tunnel_server_proxy_requests_in_progress",
+            "Proxied requests in progress (watches, exec and port-forwards included).",
+            registry=r,
+        )
+        self.proxy_revoked = Counter(
+            "tunnel_server_proxy_requests_revoked",
+            "Proxied requests in progress ended because their caller's access was taken away.",
+            registry=r,
+        )
         self.commands_submitted = Counter(
             "tunnel_server_commands_submitted", "Commands submitted, by type.", ["type"], registry=r
         )

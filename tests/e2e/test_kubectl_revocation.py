@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tests.kubestub_tests.kubectl import TIMEOUT, Kubectl, Running
 
+from ..integration.test_observability import server_metrics
 from ..support import until
 from . import test_kubectl_tunnel as kubectl_e2e
 from .test_kubectl_tunnel import Tunnel
@@ -149,6 +150,20 @@ async def test_a_request_that_ended_is_no_longer_held(tunnel: Tunnel) -> None:
     assert len(live) == 1
     await watch.stop()
     await until(lambda: len(live) == 0, max_turns=10**7)
+
+
+async def test_the_metrics_count_requests_in_progress_and_those_revoked(tunnel: Tunnel) -> None:
+    in_progress = ("tunnel_server_proxy_requests_in_progress", ())
+    revoked = ("tunnel_server_proxy_requests_revoked_total", ())
+    watch = await watching(tunnel.kubectl, tunnel)
+    try:
+        before = await server_metrics(tunnel.server)
+        await tunnel.server.api("DELETE", "/api/v1/grants/alice/prod-eu")
+        after = await server_metrics(tunnel.server)
+    finally:
+        await watch.stop()
+    assert (before[in_progress], before[revoked]) == (1.0, 0.0)
+    assert (after[in_progress], after[revoked]) == (0.0, 1.0)
 
 
 async def tunnelctl(tunnel: Tunnel, *args: str) -> str:
