@@ -1,10 +1,13 @@
-"""The REST API for users, grants, kubeconfigs and the audit trail, under /api/v1."""
+"""The REST API for users, grants, kubeconfigs, the audit trail and the kubectl requests
+in progress, under /api/v1."""
 
 from __future__ import annotations
 
 import base64
 import logging
 import re
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import yaml
@@ -14,7 +17,7 @@ from .auth import authenticate, require_admin
 from .context import CONTEXT, ServerContext, utcnow
 from .errors import BadRequestError, ForbiddenError
 from .httpjson import json_response, read_json, require_str, timestamp
-from .proxyrequest import IDENTITY_PREFIX
+from .proxyrequest import IDENTITY_PREFIX, ProxyExchange
 from .statedir import new_token
 from .store.base import AuditEvent, Grant, User, hash_token
 
@@ -48,6 +51,7 @@ def setup_user_api(app: web.Application) -> None:
     router.add_put("/api/v1/grants/{user}/{cluster}", set_grant)
     router.add_delete("/api/v1/grants/{user}/{cluster}", delete_grant)
     router.add_get("/api/v1/audit", list_audit)
+    router.add_get("/api/v1/requests", list_requests)
 
 
 async def list_users(request: web.Request) -> web.Response:
@@ -176,10 +180,7 @@ async def delete_grant(request: web.Request) -> web.Response:
 async def list_audit(request: web.Request) -> web.Response:
     await require_admin(request)
     query = request.query
-    try:
-        limit = int(query.get("limit", "100"))
-    except ValueError as exc:
-        raise BadRequestError("limit must be a number") from exc
+    limit = _limit(query.get("limit", "100"))
     kind = query.get("kind") or None
     if kind not in (None, "proxy", "command", "admin"):
         raise BadRequestError("kind must be proxy, command or admin")
@@ -188,9 +189,51 @@ async def list_audit(request: web.Request) -> web.Response:
         cluster=query.get("cluster") or None,
         user=query.get("user") or None,
         kind=kind,  # type: ignore[arg-type]
-        limit=max(1, min(limit, 1000)),
+        limit=limit,
     )
     return json_response([_audit_view(event) for event in events])
+
+
+async def list_requests(request: web.Request) -> web.Response:
+    """The proxied requests in progress (watches, exec, port-forwards ...), oldest first.
+
+    Unlike the audit trail, which records a request when it ends, this shows
+    what is open now: an exec session of three days is here from its start.
+    """
+    await require_admin(request)
+    query = request.query
+    limit = _limit(query.get("limit", "100"))
+    cluster, user = query.get("cluster") or None, query.get("user") or None
+    now, wall = time.monotonic(), time.time()
+    views = [
+        _request_view(exchange, now, wall)
+        for exchange in request.app[CONTEXT].live.requests()
+        if (cluster is None or exchange.cluster == cluster)
+        and (user is None or exchange.user == user)
+    ]
+    return json_response(views[:limit])
+
+
+def _limit(text: str) -> int:
+    try:
+        limit = int(text)
+    except ValueError as exc:
+        raise BadRequestError("limit must be a number") from exc
+    return max(1, min(limit, 1000))
+
+
+def _request_view(exchange: ProxyExchange, now: float, wall: float) -> dict[str, Any]:
+    seconds = now - exchange.started
+    return {
+        "started": timestamp(datetime.fromtimestamp(wall - seconds, UTC)),
+        "user": exchange.user,
+        "cluster": exchange.cluster,
+        "verb": exchange.verb,
+        "path": exchange.path,
+        "seconds": round(seconds, 3),
+        "bytes_in": exchange.bytes_in,
+        "bytes_out": exchange.bytes_out,
+    }
 
 
 def render_kubeconfig(context: ServerContext, cluster: str, user: str, token: str) -> str:

@@ -27,11 +27,15 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from protocol.kinds import HTTP_ACCESS_REVOKED
 from tunnel_mux import MuxStream
 
 from .access import AccessCache
+
+if TYPE_CHECKING:
+    from .proxyrequest import ProxyExchange
 
 __all__ = ["RECHECK_INTERVAL", "Credential", "LiveRequests"]
 
@@ -56,7 +60,7 @@ class Credential:
 
 
 class LiveRequests:
-    """The streams of the proxied requests in progress, each with its credential."""
+    """The proxied requests in progress: each one's stream, credential and exchange."""
 
     def __init__(
         self,
@@ -74,25 +78,36 @@ class LiveRequests:
         self._refusal = refusal
         self._on_ended = on_ended
         self._interval = interval
-        self._live: dict[MuxStream, Credential] = {}
+        self._live: dict[MuxStream, tuple[Credential, ProxyExchange]] = {}
         self._due = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._live)
 
-    def add(self, stream: MuxStream, credential: Credential, generation: int) -> None:
-        """Track ``stream``, let through with ``credential`` as of access ``generation``.
+    def add(
+        self,
+        stream: MuxStream,
+        credential: Credential,
+        generation: int,
+        exchange: ProxyExchange,
+    ) -> None:
+        """Track the request on ``stream``, let through with ``credential`` as of access
+        ``generation``; ``exchange`` is what it has done so far (see :meth:`requests`).
 
         If access changed since that generation was read, the check that went
         with the change may have missed the request: it is checked again soon.
         """
-        self._live[stream] = credential
+        self._live[stream] = (credential, exchange)
         if generation != self._access.generation:
             self._due.set()
 
     def discard(self, stream: MuxStream) -> None:
         """Forget a stream whose request has ended."""
         self._live.pop(stream, None)
+
+    def requests(self) -> list[ProxyExchange]:
+        """The exchanges of the requests in progress, the oldest first."""
+        return sorted((exchange for _, exchange in self._live.values()), key=_started)
 
     async def access_changed(self) -> int:
         """Forget the cached access, then end the live requests it no longer allows.
@@ -105,7 +120,7 @@ class LiveRequests:
     async def check(self) -> int:
         """End the live requests whose credential would now be refused; how many."""
         by_credential: dict[Credential, list[MuxStream]] = {}
-        for stream, credential in self._live.items():
+        for stream, (credential, _) in self._live.items():
             by_credential.setdefault(credential, []).append(stream)
         ended = 0
         for credential, streams in by_credential.items():
@@ -144,3 +159,7 @@ class LiveRequests:
             # With the access cache as it is: its answers are at most its time
             # to live old, and clearing it would make every connection ask again.
             await self.check()
+
+
+def _started(exchange: ProxyExchange) -> float:
+    return exchange.started

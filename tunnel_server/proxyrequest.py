@@ -241,7 +241,7 @@ async def open_relay(
             503, "ServiceUnavailable", f"cluster {cluster} cannot take the request now: {exc}"
         ) from exc
     # Checked again whenever access changes, for as long as it lasts.
-    context.live.add(stream, credential, generation)
+    context.live.add(stream, credential, generation, exchange)
     exchange.stream = stream
     # In a burst of requests, the agent starts on the first while the rest are read.
     try:

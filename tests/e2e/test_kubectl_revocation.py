@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from tests.kubestub_tests.kubectl import TIMEOUT, Kubectl, Running
@@ -199,3 +200,49 @@ async def test_tunnelctl_says_how_many_requests_in_progress_a_revocation_ended(
     # Nothing left to end: the line says only what was done.
     revoked = await tunnelctl(tunnel, "user", "revoke-tokens", "alice")
     assert revoked == "revoked 2 API token(s) of alice\n"  # the first, and the kubeconfig's
+
+
+async def test_the_requests_in_progress_are_listed_with_who_what_and_how_much(
+    tunnel: Tunnel,
+) -> None:
+    watch = await watching(tunnel.kubectl, tunnel)
+    session = await tunnel.kubectl.start("exec", "-i", "demo", "--", "cat", stdin=True)
+    try:
+        assert session.process.stdin is not None
+        session.process.stdin.write(b"twelve bytes")
+        session.process.stdin.write(b"\n")
+        assert await session.line() == "twelve bytes"
+
+        status, listed = await tunnel.server.api("GET", "/api/v1/requests?cluster=prod-eu")
+
+        assert status == 200
+        assert [(r["user"], r["cluster"], r["verb"]) for r in listed] == [
+            ("alice", "prod-eu", "watch"),  # the oldest first
+            ("alice", "prod-eu", "exec"),
+        ]
+        watching_, executing = listed
+        assert watching_["path"] == "/api/v1/namespaces/default/pods"
+        assert executing["path"] == "/api/v1/namespaces/default/pods/demo/exec"
+        assert executing["bytes_in"] > 13  # the WebSocket frames around what was typed
+        assert executing["bytes_out"] > 13
+        assert watching_["seconds"] >= executing["seconds"] >= 0
+        assert datetime.fromisoformat(watching_["started"]).tzinfo is not None
+        # Filters, and what tunnelctl shows of them.
+        assert (await tunnel.server.api("GET", "/api/v1/requests?user=bob"))[1] == []
+        table = (await tunnelctl(tunnel, "requests", "--user", "alice")).splitlines()
+        assert table[0].split() == [
+            "STARTED", "USER", "CLUSTER", "VERB", "PATH", "SECONDS", "IN", "OUT"
+        ]  # fmt: skip
+        assert [row.split()[1:4] for row in table[1:]] == [
+            ["alice", "prod-eu", "watch"],
+            ["alice", "prod-eu", "exec"],
+        ]
+    finally:
+        await session.stop()
+        await watch.stop()
+
+
+async def test_only_an_admin_lists_the_requests_in_progress(tunnel: Tunnel) -> None:
+    status, answer = await tunnel.server.api("GET", "/api/v1/requests", token=tunnel.alice_token)
+    assert status == 403
+    assert "admin" in answer["error"]["message"]

@@ -17,7 +17,7 @@ from protocol.kinds import HTTP_ACCESS_REVOKED
 from tunnel_mux import MuxStream
 from tunnel_server.access import AccessCache
 from tunnel_server.live_access import Credential, LiveRequests
-from tunnel_server.proxyrequest import access_refusal
+from tunnel_server.proxyrequest import ProxyExchange, access_refusal
 from tunnel_server.store.base import Store, StoreError, User, hash_token
 
 from ..e2e import test_kubectl_tunnel as kubectl_e2e
@@ -40,6 +40,10 @@ class Stream:
 def stream() -> tuple[Stream, MuxStream]:
     fake = Stream()
     return fake, cast(MuxStream, fake)
+
+
+def exchange() -> ProxyExchange:
+    return ProxyExchange("prod-eu", "GET")
 
 
 def credential(token: str = "token", cluster: str = "prod-eu") -> Credential:
@@ -68,8 +72,8 @@ async def test_a_check_ends_the_requests_of_a_refused_credential_and_no_others()
     live = live_requests(refusals)
     revoked, kept = credential("old"), credential("new")
     (gone, gone_stream), (staying, staying_stream) = stream(), stream()
-    live.add(gone_stream, revoked, 0)
-    live.add(staying_stream, kept, 0)
+    live.add(gone_stream, revoked, 0, exchange())
+    live.add(staying_stream, kept, 0, exchange())
     refusals.refused[revoked] = "the caller's API token was revoked, or its user deleted"
 
     assert await live.check() == 1
@@ -86,7 +90,7 @@ async def test_the_requests_of_one_credential_are_checked_once() -> None:
     live = live_requests(refusals)
     shared = credential()
     for _ in range(3):
-        live.add(stream()[1], shared, 0)
+        live.add(stream()[1], shared, 0, exchange())
 
     await live.check()
 
@@ -102,7 +106,7 @@ async def test_a_request_that_ends_while_its_credential_is_checked_is_not_reset(
 
     live = LiveRequests(AccessCache(cast(Store, None)), slow_refusal, interval=3600.0)
     fake, mux_stream = stream()
-    live.add(mux_stream, credential(), 0)
+    live.add(mux_stream, credential(), 0, exchange())
     checking = asyncio.create_task(live.check())
     await until(lambda: len(live) == 1 and not answering.is_set())
     live.discard(mux_stream)  # the request ended meanwhile
@@ -117,7 +121,7 @@ async def test_a_change_of_access_forgets_the_cached_answers_before_checking() -
     live = live_requests(refusals)
     access = live._access
     before = access.generation
-    live.add(stream()[1], credential(), before)
+    live.add(stream()[1], credential(), before, exchange())
 
     await live.access_changed()
 
@@ -135,7 +139,7 @@ async def test_a_request_let_through_before_a_change_is_checked_again_soon() -> 
     refusals.refused[credential()] = "revoked"
     fake, mux_stream = stream()
     async with live.running():
-        live.add(mux_stream, credential(), old_generation)
+        live.add(mux_stream, credential(), old_generation, exchange())
         await until(lambda: fake.resets != [])
     assert fake.resets == [(HTTP_ACCESS_REVOKED, "revoked")]
 
@@ -144,7 +148,7 @@ async def test_a_request_let_through_with_current_answers_waits_for_the_periodic
     refusals = Refusals()
     live = live_requests(refusals)
     async with live.running():
-        live.add(stream()[1], credential(), live._access.generation)
+        live.add(stream()[1], credential(), live._access.generation, exchange())
         for _ in range(1000):
             await asyncio.sleep(0)
     assert refusals.calls == []
@@ -154,7 +158,7 @@ async def test_the_periodic_check_ends_requests_whose_access_changed_elsewhere()
     refusals = Refusals()
     live = live_requests(refusals, interval=0.01)
     fake, mux_stream = stream()
-    live.add(mux_stream, credential(), live._access.generation)
+    live.add(mux_stream, credential(), live._access.generation, exchange())
     async with live.running():
         # Another replica revoked it: nothing on this server said so.
         refusals.refused[credential()] = "revoked elsewhere"

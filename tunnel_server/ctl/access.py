@@ -1,4 +1,4 @@
-"""tunnelctl user ..., grant, ungrant, grants, kubeconfig, audit."""
+"""tunnelctl user ..., grant, ungrant, grants, kubeconfig, audit, requests."""
 
 from __future__ import annotations
 
@@ -76,6 +76,15 @@ def register(commands: Subparsers) -> None:
     audit.add_argument("--limit", type=int, default=50)
     output_flag(audit)
     audit.set_defaults(run=show_audit)
+
+    requests = commands.add_parser(
+        "requests", help="show the kubectl requests in progress (watch, exec ...), oldest first"
+    )
+    requests.add_argument("--cluster")
+    requests.add_argument("--user")
+    requests.add_argument("--limit", type=int, default=100)
+    output_flag(requests)
+    requests.set_defaults(run=show_requests)
 
 
 def user_add(client: ApiClient, args: argparse.Namespace) -> int:
@@ -184,17 +193,7 @@ def make_kubeconfig(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def show_audit(client: ApiClient, args: argparse.Namespace) -> int:
-    query = {
-        key: value
-        for key, value in (
-            ("cluster", args.cluster),
-            ("user", args.user),
-            ("kind", args.kind),
-            ("limit", str(args.limit)),
-        )
-        if value
-    }
-    events = client.request("GET", f"/api/v1/audit?{urlencode(query)}")
+    events = client.request("GET", "/api/v1/audit?" + _filters(args, "cluster", "user", "kind"))
     if args.output == "json":
         print_json(events)
     else:
@@ -214,3 +213,30 @@ def show_audit(client: ApiClient, args: argparse.Namespace) -> int:
             ],
         )
     return 0
+
+
+def show_requests(client: ApiClient, args: argparse.Namespace) -> int:
+    requests = client.request("GET", "/api/v1/requests?" + _filters(args, "cluster", "user"))
+    if args.output == "json":
+        print_json(requests)
+    else:
+        print_table(
+            requests,
+            [
+                ("STARTED", "started"),
+                ("USER", "user"),
+                ("CLUSTER", "cluster"),
+                ("VERB", "verb"),
+                ("PATH", "path"),
+                ("SECONDS", "seconds"),
+                ("IN", "bytes_in"),
+                ("OUT", "bytes_out"),
+            ],
+        )
+    return 0
+
+
+def _filters(args: argparse.Namespace, *names: str) -> str:
+    """The query string of a listing: the filters given, and ``--limit``."""
+    given = {name: getattr(args, name) for name in names if getattr(args, name)}
+    return urlencode({**given, "limit": str(args.limit)})
