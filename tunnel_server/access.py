@@ -25,6 +25,8 @@ class _TtlCache(Generic[V]):
         self._max = max_entries
         self._clock = clock
         self._entries: dict[Hashable, tuple[float, V]] = {}
+        #: Counts clears: a value loaded across one is not kept.
+        self._clears = 0
 
     def peek(self, key: Hashable) -> tuple[float, V | None]:
         """(expiry, value) of a live entry, else (0.0, None); never waits."""
@@ -34,12 +36,20 @@ class _TtlCache(Generic[V]):
         return 0.0, None
 
     async def get(self, key: Hashable, load: Callable[[], Awaitable[V]]) -> tuple[float, V]:
-        """(expiry, value): the live entry's, or a value loaded now and kept until the expiry."""
+        """(expiry, value): the live entry's, or a value loaded now and kept until the expiry.
+
+        A value whose load began before a :meth:`clear` may predate the change
+        that cleared the cache: it is given to this caller, expired at once
+        (nothing remembers it), and not kept.
+        """
         now = self._clock()
         entry = self._entries.get(key)
         if entry is not None and entry[0] > now:
             return entry
+        clears = self._clears
         value = await load()
+        if self._clears != clears:
+            return now, value
         if len(self._entries) >= self._max:
             del self._entries[next(iter(self._entries))]
         entry = self._entries[key] = (now + self._ttl, value)
@@ -47,6 +57,7 @@ class _TtlCache(Generic[V]):
 
     def clear(self) -> None:
         self._entries.clear()
+        self._clears += 1
 
 
 class AccessCache:

@@ -157,7 +157,8 @@ async def delete_cluster(request: web.Request) -> web.Response:
     await _revoke(context, cluster.name)
     await context.registry.disconnect(cluster.name, "the cluster was deleted")
     await context.store.delete_cluster(cluster.name)
-    await context.live.access_changed()  # its grants went with it
+    # Its grants went with it (its requests ended with its agent's session).
+    await context.live.access_changed(cluster=cluster.name)
     logger.warning("cluster deleted by %s", user.name, extra={"cluster": cluster.name})
     return json_response({"deleted": cluster.name})
 

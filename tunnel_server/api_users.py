@@ -81,8 +81,9 @@ async def delete_user(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     name = request.match_info["user"]
     await context.store.delete_user(name)
-    ended = await context.live.access_changed()
+    # Audited first: the check below may take a while, and the change is made.
     await _audit(context, admin.name, "user.delete", name)
+    ended = await context.live.access_changed(user=name)
     return json_response({"deleted": name, "ended_requests": ended})
 
 
@@ -93,8 +94,8 @@ async def revoke_user_tokens(request: web.Request) -> web.Response:
     name = request.match_info["user"]
     await context.store.get_user(name)
     count = await context.store.revoke_api_tokens(name)
-    ended = await context.live.access_changed()
     await _audit(context, admin.name, "user.revoke-tokens", name)
+    ended = await context.live.access_changed(user=name)
     return json_response({"user": name, "revoked": count, "ended_requests": ended})
 
 
@@ -103,13 +104,15 @@ async def new_user_token(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     name = request.match_info["user"]
     await context.store.get_user(name)
+    ended = 0
     if request.query.get("revoke_others") in ("1", "true"):
         await context.store.revoke_api_tokens(name)
+        await _audit(context, admin.name, "user.revoke-tokens", name)
         # At once, not after the new token is stored; live requests on the old ones end.
-        await context.live.access_changed()
+        ended = await context.live.access_changed(user=name)
     token = await _issue_token(context, name)
     await _audit(context, admin.name, "user.token", name)
-    return json_response({"user": name, "token": token}, status=201)
+    return json_response({"user": name, "token": token, "ended_requests": ended}, status=201)
 
 
 async def new_kubeconfig(request: web.Request) -> web.Response:
@@ -161,9 +164,9 @@ async def set_grant(request: web.Request) -> web.Response:
         impersonate=flags["impersonate"],
     )
     await context.store.set_grant(grant)
-    # A changed grant changes the identity the cluster sees: requests made as the old one end.
-    ended = await context.live.access_changed()
     await _audit(context, admin.name, "grant", f"{user}@{cluster}", cluster=cluster)
+    # A changed grant may change the identity the cluster sees: requests made as the old one end.
+    ended = await context.live.access_changed(user=user, cluster=cluster)
     return json_response({**_grant_view(grant), "ended_requests": ended})
 
 
@@ -172,8 +175,8 @@ async def delete_grant(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     user, cluster = request.match_info["user"], request.match_info["cluster"]
     await context.store.delete_grant(user, cluster)
-    ended = await context.live.access_changed()
     await _audit(context, admin.name, "ungrant", f"{user}@{cluster}", cluster=cluster)
+    ended = await context.live.access_changed(user=user, cluster=cluster)
     return json_response({"deleted": {"user": user, "cluster": cluster}, "ended_requests": ended})
 
 

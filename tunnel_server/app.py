@@ -35,7 +35,7 @@ from .errors import (
 from .frontdoor import FrontDoor, FrontDoors
 from .kubeproxy import setup_kube_proxy
 from .listener import BoundedTlsListener
-from .live_access import LiveRequests
+from .live_requests import LiveRequests
 from .metrics import ServerMetrics
 from .proxyrequest import access_refusal
 from .registry import AgentRegistry

@@ -11,7 +11,7 @@ from aiohttp import web
 from .access import AccessCache
 from .audit import AuditWriter
 from .config import ServerSettings
-from .live_access import LiveRequests
+from .live_requests import LiveRequests
 from .metrics import ServerMetrics
 from .registry import AgentRegistry
 from .statedir import ServerIdentity

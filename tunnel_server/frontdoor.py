@@ -49,8 +49,10 @@ from .proxyrequest import (
     ProxyExchange,
     ProxyRefusal,
     cluster_of,
+    dropped_refusal,
     finish,
     open_relay,
+    release,
     revocation_event,
     upload,
 )
@@ -275,6 +277,8 @@ class FrontDoor(asyncio.Protocol):
             await self._answer(request, cluster, body, context, exchange, relayed)
         except BaseException as exc:  # noqa: BLE001 - raised again after the clean-up
             failure = exc
+        # Before any await: a cancellation there must not leave the request held as live.
+        release(context, exchange)
         if relayed.uploader is not None:
             # An upload cut short resets the stream (see _upload).
             relayed.uploader.cancel()
@@ -351,10 +355,12 @@ class FrontDoor(asyncio.Protocol):
         out.add(response_head(response.status, response.reason, headers))
         remaining = framing.length
         chunked = remaining is None
+        between_events = True  # for a watch: the caller has whole events only
         try:
             data = early
             while True:
                 if data:
+                    between_events = data.endswith(b"\n")
                     exchange.bytes_out += len(data)
                     if remaining is None:
                         out.add(chunk(data))
@@ -371,7 +377,7 @@ class FrontDoor(asyncio.Protocol):
                 if not data:
                     break
         except SessionError as exc:
-            event = revocation_event(exc, exchange, response.headers)
+            event = revocation_event(exc, exchange, response.headers, between_events)
             if event is not None and chunked:
                 # Access revoked: the watch ends as the API server ends one, saying why.
                 out.add(chunk(event))
@@ -548,9 +554,7 @@ async def _response_head(stream: MuxStream, exchange: ProxyExchange) -> tuple[Re
         try:
             data = await stream.read()
         except SessionError as exc:
-            raise ProxyRefusal(
-                502, "BadGateway", f"cluster {exchange.cluster} dropped the request: {exc}"
-            ) from exc
+            raise dropped_refusal(exc, exchange.cluster) from exc
         if not data:
             raise ProxyRefusal(502, "BadGateway", "the agent ended the stream without answering")
         try:

@@ -28,6 +28,7 @@ from .proxyrequest import (
     DROPPED_RESPONSE_HEADERS,
     ProxyExchange,
     ProxyRefusal,
+    dropped_refusal,
     finish,
     open_relay,
     upload,
@@ -82,9 +83,7 @@ async def _exchange(
             try:
                 chunk = await stream.read()
             except SessionError as exc:
-                raise ProxyRefusal(
-                    502, "BadGateway", f"cluster {exchange.cluster} dropped the request: {exc}"
-                ) from exc
+                raise dropped_refusal(exc, exchange.cluster) from exc
             if not chunk:
                 raise ProxyRefusal(
                     502, "BadGateway", "the agent ended the stream without answering"

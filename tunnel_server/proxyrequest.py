@@ -28,7 +28,7 @@ from .access import AccessCache
 from .auth import parse_bearer
 from .context import ServerContext
 from .errors import ServerError, UnauthorizedError
-from .live_access import Credential
+from .live_requests import Credential
 from .store.base import Grant, ProxyAuditRecord, StoreError, User, hash_token
 
 __all__ = [
@@ -39,11 +39,13 @@ __all__ = [
     "ProxyRefusal",
     "access_refusal",
     "cluster_of",
+    "dropped_refusal",
     "finish",
     "forwarded_headers",
     "identity_headers",
     "impersonation_headers",
     "open_relay",
+    "release",
     "revocation_event",
     "upload",
     "upstream_path",
@@ -207,9 +209,10 @@ async def open_relay(
         forwarded = tuple(forwarded_headers(headers, upgrade, user, grant))
         credential = Credential(
             token_hash,
+            user.name,
             cluster,
             tuple(header for header in headers if header[0].startswith("impersonate-")),
-            tuple(header for header in forwarded if header[0].startswith("impersonate-")),
+            frozenset(header for header in forwarded if header[0].startswith("impersonate-")),
         )
         if memo is not None:
             memo.headers = headers
@@ -291,11 +294,16 @@ async def _authorize(
     return min(user_until, grant_until), token_hash, user, grant
 
 
-async def finish(context: ServerContext, exchange: ProxyExchange) -> None:
-    """Record the request's metrics and, for an authenticated caller, its audit event."""
+def release(context: ServerContext, exchange: ProxyExchange) -> None:
+    """The request has ended: the server no longer holds it as live (at once, no await)."""
     if exchange.stream is not None:
         context.live.discard(exchange.stream)
         exchange.stream = None
+
+
+async def finish(context: ServerContext, exchange: ProxyExchange) -> None:
+    """Release the request, record its metrics and, for an authenticated caller, its audit event."""
+    release(context, exchange)
     elapsed = time.monotonic() - exchange.started
     context.metrics.observe_proxy(
         exchange.verb or exchange.method.lower(), exchange.status, elapsed
@@ -316,22 +324,41 @@ async def finish(context: ServerContext, exchange: ProxyExchange) -> None:
         )
 
 
+def _revoked(error: SessionError) -> bool:
+    """``error`` is this server ending the stream because access was taken away."""
+    return (
+        isinstance(error, StreamResetError)
+        and not error.remote
+        and error.code == kinds.HTTP_ACCESS_REVOKED
+    )
+
+
+def dropped_refusal(error: SessionError, cluster: str) -> ProxyRefusal:
+    """What to answer when the stream failed before the response head came."""
+    if _revoked(error):
+        assert isinstance(error, StreamResetError)
+        return ProxyRefusal(403, "Forbidden", f"access revoked: {error.reason}")
+    return ProxyRefusal(502, "BadGateway", f"cluster {cluster} dropped the request: {error}")
+
+
 def revocation_event(
-    error: SessionError, exchange: ProxyExchange, headers: Iterable[tuple[str, str]]
+    error: SessionError,
+    exchange: ProxyExchange,
+    headers: Iterable[tuple[str, str]],
+    between_events: bool,
 ) -> bytes | None:
     """The last event of a JSON watch that access revoked, or None for any other end.
 
     ``error`` ended the answer, whose head had ``headers`` (names in lower
-    case). The event is the ``ERROR`` with a 403 ``Status`` that the API
-    server itself sends to end a watch, so a client reports why it ended.
+    case); ``between_events``: what the caller got so far ends with a whole
+    event (the API server ends each with a newline). The event is the
+    ``ERROR`` with a 403 ``Status`` that the API server itself sends to end a
+    watch, so a client reports why it ended. After half an event it would
+    only make the client report a decoding error: the answer is cut instead.
     """
-    if (
-        not isinstance(error, StreamResetError)
-        or error.remote
-        or error.code != kinds.HTTP_ACCESS_REVOKED
-        or exchange.verb != "watch"
-    ):
+    if not _revoked(error) or exchange.verb != "watch" or not between_events:
         return None
+    assert isinstance(error, StreamResetError)
     content_type = next((value for name, value in headers if name == "content-type"), "")
     if not content_type.lower().startswith("application/json"):
         return None
@@ -403,21 +430,16 @@ def identity_headers(
 async def access_refusal(access: AccessCache, credential: Credential) -> str | None:
     """Why a new request with ``credential`` would be refused now; None if it would not.
 
-    A store that cannot be read refuses nothing here: an outage is not a
-    revocation (it is logged).
+    Raises :class:`StoreError` if the store cannot be read.
     """
-    try:
-        _, user = await access.lookup_user_by_hash(credential.token_hash)
-        if user is None:
-            return "the caller's API token was revoked, or its user deleted"
-        _, grant = await access.lookup_grant(user.name, credential.cluster)
-    except StoreError as exc:
-        logger.warning("cannot check the live requests' access now: %s", exc)
-        return None
+    _, user = await access.lookup_user_by_hash(credential.token_hash)
+    if user is None:
+        return "the caller's API token was revoked, or its user deleted"
+    _, grant = await access.lookup_grant(user.name, credential.cluster)
     if grant is None:
         return f"user {user.name} no longer has a grant on cluster {credential.cluster}"
     try:
-        identity = tuple(identity_headers(credential.requested, user, grant))
+        identity = frozenset(identity_headers(credential.requested, user, grant))
     except ProxyRefusal as refusal:
         return refusal.message
     if identity != credential.identity:

@@ -246,3 +246,29 @@ async def test_only_an_admin_lists_the_requests_in_progress(tunnel: Tunnel) -> N
     status, answer = await tunnel.server.api("GET", "/api/v1/requests", token=tunnel.alice_token)
     assert status == 403
     assert "admin" in answer["error"]["message"]
+
+
+async def test_a_grant_change_that_keeps_the_identity_ends_nothing(tunnel: Tunnel) -> None:
+    watch = await watching(tunnel.kubectl, tunnel)
+    try:
+        # The right to dispatch commands: the cluster sees alice as before.
+        status, answer = await tunnel.server.api(
+            "PUT", "/api/v1/grants/alice/prod-eu", {"commands": True}
+        )
+        assert (status, answer["ended_requests"]) == (200, 0)
+        tunnel.stub.add_pod("arrived-later")
+        assert (await watch.line()).split()[0] == "arrived-later"
+    finally:
+        await watch.stop()
+
+
+async def test_a_new_token_that_revokes_the_others_ends_their_requests(tunnel: Tunnel) -> None:
+    watch = await watching(tunnel.kubectl, tunnel)
+    try:
+        status, answer = await tunnel.server.api(
+            "POST", "/api/v1/users/alice/tokens?revoke_others=1"
+        )
+        assert (status, answer["ended_requests"]) == (201, 1)
+        assert "access revoked" in await watch.line()
+    finally:
+        await watch.stop()

@@ -124,6 +124,8 @@ def user_token(client: ApiClient, args: argparse.Namespace) -> int:
         print_json(answer)
     else:
         print(answer["token"])
+        if ended := _ended(answer):
+            print(f"# revoked the other tokens of {args.name}{ended}", file=sys.stderr)
     return 0
 
 

@@ -8,16 +8,15 @@ still name a user, the user must still have a grant on the cluster, and the
 identity the cluster was told (``Impersonate-User``/``-Group``) must be the one
 the server would assert now. A request that fails is ended: its stream is
 reset (code ``HTTP_ACCESS_REVOKED``, the refusal as its reason), so the agent
-ends the request at the API server. A JSON watch then gets a last ``ERROR``
-event with a 403 ``Status`` that says why (``kubectl get -w`` prints it and
-exits with an error); any other answer ends without its final chunk, as when
-the agent goes away. A client that retries is refused with 401 or 403.
+ends the request at the API server, and the front end tells the caller
+(:func:`tunnel_server.proxyrequest.revocation_event`).
 
-Changes made through this server's API apply at once (the API call returns
-after the live requests were checked, and says how many it ended). Changes
-made to the store by anything else apply at the next periodic check, every
-:data:`RECHECK_INTERVAL` seconds (plus the access cache's time to live). A
-store that cannot be read ends nothing: an outage is not a revocation.
+Changes made through this server's API apply at once: the API call returns
+after the requests of the user or cluster it changed were checked, and says
+how many it ended. Changes made to the store by anything else apply at the
+next periodic check of every request, every :data:`RECHECK_INTERVAL` seconds
+(plus the access cache's time to live). A store that cannot be read ends
+nothing: an outage is not a revocation.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from protocol.kinds import HTTP_ACCESS_REVOKED
 from tunnel_mux import MuxStream
 
 from .access import AccessCache
+from .store.base import StoreError
 
 if TYPE_CHECKING:
     from .proxyrequest import ProxyExchange
@@ -52,11 +52,14 @@ class Credential:
 
     #: The hash of the caller's API token (the token itself is not kept).
     token_hash: str = field(repr=False)
+    #: The user the token named.
+    user: str
     cluster: str
     #: The caller's own ``Impersonate-*`` headers (names in lower case); usually none.
     requested: tuple[tuple[str, str], ...]
-    #: The ``Impersonate-*`` headers forwarded: who the cluster was told the caller is.
-    identity: tuple[tuple[str, str], ...]
+    #: The ``Impersonate-*`` headers forwarded: who the cluster was told the caller is
+    #: (a set: the order of the groups does not change who that is).
+    identity: frozenset[tuple[str, str]]
 
 
 class LiveRequests:
@@ -72,7 +75,9 @@ class LiveRequests:
     ) -> None:
         """``refusal(credential)`` says why a new request with it would be refused, or None.
 
-        ``on_ended(count)`` is told each time a check ended ``count`` requests.
+        It may raise :class:`StoreError`: that credential's requests then go
+        on. ``on_ended(count)`` is told each time a check ended ``count``
+        requests.
         """
         self._access = access
         self._refusal = refusal
@@ -91,11 +96,13 @@ class LiveRequests:
         generation: int,
         exchange: ProxyExchange,
     ) -> None:
-        """Track the request on ``stream``, let through with ``credential`` as of access
-        ``generation``; ``exchange`` is what it has done so far (see :meth:`requests`).
+        """Hold the request on ``stream`` until :meth:`discard`.
 
-        If access changed since that generation was read, the check that went
-        with the change may have missed the request: it is checked again soon.
+        It was let through with ``credential``, on answers read at access
+        ``generation``; ``exchange`` is what it has done so far (see
+        :meth:`requests`). If access changed since that generation, the check
+        that went with the change may have missed the request: it is checked
+        again soon.
         """
         self._live[stream] = (credential, exchange)
         if generation != self._access.generation:
@@ -109,37 +116,69 @@ class LiveRequests:
         """The exchanges of the requests in progress, the oldest first."""
         return sorted((exchange for _, exchange in self._live.values()), key=_started)
 
-    async def access_changed(self) -> int:
-        """Forget the cached access, then end the live requests it no longer allows.
+    async def access_changed(self, *, user: str | None = None, cluster: str | None = None) -> int:
+        """Forget the cached access, then end the requests it no longer allows; how many.
 
-        Returns how many were ended.
+        Only the requests of ``user``, or to ``cluster``, if given: what the
+        change can have touched. If this check does not finish (the API call
+        that asked for it was cancelled), the periodic one does the rest now.
         """
         self._access.invalidate()
-        return await self.check()
+        try:
+            return await self.check(user=user, cluster=cluster)
+        except BaseException:
+            self._due.set()
+            raise
 
-    async def check(self) -> int:
-        """End the live requests whose credential would now be refused; how many."""
+    async def check(self, *, user: str | None = None, cluster: str | None = None) -> int:
+        """End the requests whose credential would now be refused; how many.
+
+        Only those of ``user``, or to ``cluster``, if given.
+        """
         by_credential: dict[Credential, list[MuxStream]] = {}
         for stream, (credential, _) in self._live.items():
-            by_credential.setdefault(credential, []).append(stream)
+            if (user is None or credential.user == user) and (
+                cluster is None or credential.cluster == cluster
+            ):
+                by_credential.setdefault(credential, []).append(stream)
         ended = 0
+        unreadable: list[StoreError] = []
         for credential, streams in by_credential.items():
-            refusal = await self._refusal(credential)
-            if refusal is None:
+            try:
+                refusal = await self._refusal(credential)
+            except StoreError as exc:
+                unreadable.append(exc)
                 continue
-            streams = [stream for stream in streams if self._live.pop(stream, None) is not None]
-            for stream in streams:
-                stream.reset(HTTP_ACCESS_REVOKED, refusal)
-            ended += len(streams)
-            if streams:
-                self._on_ended(len(streams))
-                logger.warning(
-                    "ended %d live request(s): %s",
-                    len(streams),
-                    refusal,
-                    extra={"cluster": credential.cluster},
-                )
+            if refusal is not None:
+                ended += self._end(credential, streams, refusal)
+        if unreadable:
+            logger.warning(
+                "cannot check the access of %d credential(s) of live requests now; "
+                "their requests go on: %s",
+                len(unreadable),
+                unreadable[-1],
+            )
         return ended
+
+    def _end(self, credential: Credential, streams: list[MuxStream], refusal: str) -> int:
+        # Not those that ended during the check, nor those already failed (their
+        # agent went away): they are ending on their own, and were not revoked.
+        ending = [
+            stream
+            for stream in streams
+            if stream.error is None and self._live.pop(stream, None) is not None
+        ]
+        for stream in ending:
+            stream.reset(HTTP_ACCESS_REVOKED, refusal)
+        if ending:
+            self._on_ended(len(ending))
+            logger.warning(
+                "ended %d live request(s): %s",
+                len(ending),
+                refusal,
+                extra={"cluster": credential.cluster},
+            )
+        return len(ending)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -156,9 +195,13 @@ class LiveRequests:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._due.wait(), self._interval)
             self._due.clear()
-            # With the access cache as it is: its answers are at most its time
-            # to live old, and clearing it would make every connection ask again.
-            await self.check()
+            try:
+                # With the access cache as it is: its answers are at most its time
+                # to live old, and clearing it would make every connection ask again.
+                await self.check()
+            except Exception:
+                # The next check may succeed; a dead loop would end revocations silently.
+                logger.exception("checking the live requests failed")
 
 
 def _started(exchange: ProxyExchange) -> float:
