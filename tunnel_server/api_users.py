@@ -7,11 +7,13 @@ import base64
 import logging
 import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import yaml
 from aiohttp import web
+
+from tunnel_cli import FlagError, parse_duration
 
 from .auth import authenticate, require_admin
 from .context import CONTEXT, ServerContext, utcnow
@@ -26,6 +28,8 @@ __all__ = ["setup_user_api", "validate_principal"]
 logger = logging.getLogger(__name__)
 
 _PRINCIPAL = re.compile(r"^[a-z0-9]([a-z0-9._@-]{0,62}[a-z0-9])?$")
+#: The shortest lifetime an API token may ask for.
+MIN_TOKEN_TTL = timedelta(minutes=1)
 _MAX_GROUPS = 32
 
 
@@ -69,11 +73,18 @@ async def add_user(request: web.Request) -> web.Response:
     is_admin = body.get("admin", False)
     if not isinstance(is_admin, bool):
         raise BadRequestError("admin must be true or false")
+    ttl = body.get("token_ttl")
+    if ttl is not None and not isinstance(ttl, str):
+        raise BadRequestError("token_ttl must be a duration such as 8h or 30d")
+    lifetime = _token_lifetime(context, ttl)
     now = utcnow()
     user = await context.store.add_user(name, groups, is_admin, now)
-    token = await _issue_token(context, name)
+    token, expires_at = await _issue_token(context, name, lifetime)
     await _audit(context, admin.name, "user.add", name)
-    return json_response({"user": _user_view(user), "token": token}, status=201)
+    return json_response(
+        {"user": _user_view(user), "token": token, "expires_at": timestamp(expires_at)},
+        status=201,
+    )
 
 
 async def delete_user(request: web.Request) -> web.Response:
@@ -103,6 +114,7 @@ async def new_user_token(request: web.Request) -> web.Response:
     admin = await require_admin(request)
     context = request.app[CONTEXT]
     name = request.match_info["user"]
+    lifetime = _token_lifetime(context, request.query.get("ttl"))
     await context.store.get_user(name)
     ended = 0
     if request.query.get("revoke_others") in ("1", "true"):
@@ -110,9 +122,17 @@ async def new_user_token(request: web.Request) -> web.Response:
         await _audit(context, admin.name, "user.revoke-tokens", name)
         # At once, not after the new token is stored; live requests on the old ones end.
         ended = await context.live.access_changed(user=name)
-    token = await _issue_token(context, name)
+    token, expires_at = await _issue_token(context, name, lifetime)
     await _audit(context, admin.name, "user.token", name)
-    return json_response({"user": name, "token": token, "ended_requests": ended}, status=201)
+    return json_response(
+        {
+            "user": name,
+            "token": token,
+            "expires_at": timestamp(expires_at),
+            "ended_requests": ended,
+        },
+        status=201,
+    )
 
 
 async def new_kubeconfig(request: web.Request) -> web.Response:
@@ -123,15 +143,17 @@ async def new_kubeconfig(request: web.Request) -> web.Response:
     if name != caller.name and not caller.is_admin:
         raise ForbiddenError("only an admin can make a kubeconfig for another user")
     cluster = request.query.get("cluster", "")
+    lifetime = _token_lifetime(context, request.query.get("ttl"))
     await context.store.get_cluster(cluster)
     user = await context.store.get_user(name)
     grant = await context.access.grant(user.name, cluster)
-    token = await _issue_token(context, user.name)
+    token, expires_at = await _issue_token(context, user.name, lifetime)
     await _audit(context, caller.name, "kubeconfig", f"{name}@{cluster}")
     return json_response(
         {
             "kubeconfig": render_kubeconfig(context, cluster, user.name, token),
             "granted": grant is not None,
+            "expires_at": timestamp(expires_at),
         },
         status=201,
     )
@@ -264,11 +286,43 @@ def render_kubeconfig(context: ServerContext, cluster: str, user: str, token: st
     return yaml.safe_dump(config, sort_keys=False)
 
 
-async def _issue_token(context: ServerContext, user: str) -> str:
+def _token_lifetime(context: ServerContext, ttl: str | None) -> timedelta | None:
+    """How long a new API token lives: its ``ttl``, within the server's maximum; None: for ever."""
+    longest = context.settings.identity.max_api_token_ttl
+    if ttl is None:
+        return longest
+    try:
+        lifetime = parse_duration(ttl)
+    except FlagError as exc:
+        raise BadRequestError(f"ttl: {exc}") from exc
+    if lifetime < MIN_TOKEN_TTL:
+        raise BadRequestError(f"ttl must be at least {_describe(MIN_TOKEN_TTL)}, not {ttl}")
+    if longest is not None and lifetime > longest:
+        raise BadRequestError(
+            f"ttl must be at most {_describe(longest)} on this server (--max-api-token-ttl), "
+            f"not {ttl}"
+        )
+    return lifetime
+
+
+def _describe(span: timedelta) -> str:
+    seconds = int(span.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+async def _issue_token(
+    context: ServerContext, user: str, lifetime: timedelta | None
+) -> tuple[str, datetime | None]:
+    """A new API token of ``user`` and when it expires (None: never)."""
     token = new_token("tat")
-    await context.store.add_api_token(hash_token(token), user, utcnow())
+    now = utcnow()
+    expires_at = None if lifetime is None else now + lifetime
+    await context.store.add_api_token(hash_token(token), user, now, expires_at)
     context.access.invalidate()
-    return token
+    return token, expires_at
 
 
 async def _audit(

@@ -35,7 +35,9 @@ def parse_bearer(header: str) -> str:
             code="token_missing",
         )
     if len(token) > MAX_TOKEN_LENGTH or not token.isascii() or not token.isprintable():
-        raise UnauthorizedError("the API token is not valid", code="token_invalid")
+        raise UnauthorizedError(
+            "the API token is not valid (unknown, expired or revoked)", code="token_invalid"
+        )
     return token
 
 
@@ -44,7 +46,9 @@ async def authenticate(request: web.Request) -> User:
     token = bearer_token(request)
     user = await request.app[CONTEXT].access.user_for_token(token)
     if user is None:
-        raise UnauthorizedError("the API token is not valid", code="token_invalid")
+        raise UnauthorizedError(
+            "the API token is not valid (unknown, expired or revoked)", code="token_invalid"
+        )
     return user
 
 

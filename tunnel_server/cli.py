@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from protocol import Keepalive
@@ -65,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
         env + "BOOTSTRAP_TOKEN_TTL",
         default="24h",
         help="lifetime of bootstrap tokens",
+    )
+    env_flag(
+        serve,
+        "--max-api-token-ttl",
+        env + "MAX_API_TOKEN_TTL",
+        default=None,
+        help="the longest an API token may live, and the lifetime of one asked without --ttl "
+        "(default: tokens live until revoked, unless made with --ttl)",
     )
     env_flag(
         serve,
@@ -151,6 +160,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         identity=IdentitySettings(
             bootstrap_token_ttl=parse_duration(args.bootstrap_token_ttl),
             client_cert_lifetime=parse_duration(args.client_cert_lifetime),
+            max_api_token_ttl=_token_ttl(args.max_api_token_ttl),
         ),
         tunnel=TunnelSettings(
             keepalive=Keepalive(
@@ -163,6 +173,16 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         agent_image=args.agent_image,
         audit_retention=parse_duration(args.audit_retention),
     )
+
+
+def _token_ttl(value: str | None) -> timedelta | None:
+    """``--max-api-token-ttl``: a duration of at least a minute, or none."""
+    if value is None:
+        return None
+    ttl = parse_duration(value)
+    if ttl < timedelta(minutes=1):
+        raise ConfigError(f"--max-api-token-ttl must be at least 1m, not {value}")
+    return ttl
 
 
 def _positive(value: str) -> int:

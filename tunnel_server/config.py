@@ -65,6 +65,9 @@ class IdentitySettings:
     bootstrap_token_ttl: timedelta = timedelta(hours=24)
     client_cert_lifetime: timedelta = timedelta(days=30)
     server_cert_lifetime: timedelta = timedelta(days=365)
+    #: The longest an API token may live, and the lifetime of one asked without
+    #: a ``ttl``; None: a token lives until revoked unless it asks for a ``ttl``.
+    max_api_token_ttl: timedelta | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,10 @@ ends the request at the API server, and the front end tells the caller
 
 Changes made through this server's API apply at once: the API call returns
 after the requests of the user or cluster it changed were checked, and says
-how many it ended. Changes made to the store by anything else apply at the
-next periodic check of every request, every :data:`RECHECK_INTERVAL` seconds
-(plus the access cache's time to live). A store that cannot be read ends
-nothing: an outage is not a revocation.
+how many it ended. Changes made to the store by anything else, and tokens
+reaching their expiry, apply at the next periodic check of every request,
+every :data:`RECHECK_INTERVAL` seconds (plus the access cache's time to live).
+A store that cannot be read ends nothing: an outage is not a revocation.
 """
 
 from __future__ import annotations

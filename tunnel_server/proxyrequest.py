@@ -287,7 +287,9 @@ async def _authorize(
             503, "ServiceUnavailable", "the server cannot read its state now; retry shortly"
         ) from exc
     if user is None:
-        raise ProxyRefusal(401, "Unauthorized", "the API token is not valid")
+        raise ProxyRefusal(
+            401, "Unauthorized", "the API token is not valid (unknown, expired or revoked)"
+        )
     exchange.user = user.name  # from here on, refusals are audited under the user
     if grant is None:
         raise ProxyRefusal(403, "Forbidden", f"user {user.name} has no grant on cluster {cluster}")
@@ -434,7 +436,7 @@ async def access_refusal(access: AccessCache, credential: Credential) -> str | N
     """
     _, user = await access.lookup_user_by_hash(credential.token_hash)
     if user is None:
-        return "the caller's API token was revoked, or its user deleted"
+        return "the caller's API token expired or was revoked, or its user was deleted"
     _, grant = await access.lookup_grant(user.name, credential.cluster)
     if grant is None:
         return f"user {user.name} no longer has a grant on cluster {credential.cluster}"

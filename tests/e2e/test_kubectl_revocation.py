@@ -27,11 +27,20 @@ tunnel = kubectl_e2e.tunnel
 
 
 async def watching(kubectl: Kubectl, tunnel: Tunnel, watchers: int = 1) -> Running:
-    """``kubectl get pods -w``, once its watch is open at the API server."""
+    """``kubectl get pods -w``, once its watch is open at the API server and answering.
+
+    ``watchers``: how many watches are open with this one.
+    """
     watch = await kubectl.start("get", "pods", "-w", "--no-headers")
     assert (await watch.line()).split()[0] == "demo"
-    # The first line comes from kubectl's LIST; its WATCH follows.
-    await until(lambda: tunnel.stub.store.watcher_count >= watchers, max_turns=10**7)
+    # The first line comes from kubectl's LIST; its WATCH follows. Its answer's
+    # head has reached the server when the request in progress has a status.
+    live = tunnel.server.context.live
+
+    def answering() -> int:
+        return sum(1 for e in live.requests() if e.verb == "watch" and e.status == 200)
+
+    await until(lambda: answering() >= watchers, max_turns=10**7)
     return watch
 
 
@@ -169,6 +178,11 @@ async def test_the_metrics_count_requests_in_progress_and_those_revoked(tunnel: 
 
 async def tunnelctl(tunnel: Tunnel, *args: str) -> str:
     """Run the real tunnelctl as the server's admin; its stdout (it must succeed)."""
+    return (await tunnelctl_both(tunnel, *args))[0]
+
+
+async def tunnelctl_both(tunnel: Tunnel, *args: str) -> tuple[str, str]:
+    """Run the real tunnelctl as the server's admin; its stdout and stderr (it must succeed)."""
     ca = tunnel.settings_dir / "server-ca.crt"
     ca.write_bytes(tunnel.server.ca_pem)
     server = ["--server", tunnel.server.url, "--ca", str(ca)]
@@ -183,7 +197,7 @@ async def tunnelctl(tunnel: Tunnel, *args: str) -> str:
     )
     stdout, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT)
     assert process.returncode == 0, stderr.decode()
-    return stdout.decode()
+    return stdout.decode(), stderr.decode()
 
 
 async def test_tunnelctl_says_how_many_requests_in_progress_a_revocation_ended(

@@ -96,6 +96,15 @@ SERVER_FLAGS = [
         timedelta(days=2),
     ),
     FlagCase(
+        "--max-api-token-ttl",
+        "TUNNEL_SERVER_MAX_API_TOKEN_TTL",
+        "30d",
+        "8h",
+        lambda a, s: s.identity.max_api_token_ttl,
+        timedelta(days=30),
+        timedelta(hours=8),
+    ),
+    FlagCase(
         "--client-cert-lifetime",
         "TUNNEL_SERVER_CLIENT_CERT_LIFETIME",
         "7d",
@@ -226,6 +235,7 @@ def test_server_defaults_without_flags_or_environment() -> None:
     assert settings.tls.cert_file is None
     assert settings.identity.bootstrap_token_ttl == timedelta(hours=24)
     assert settings.identity.client_cert_lifetime == timedelta(days=30)
+    assert settings.identity.max_api_token_ttl is None  # tokens live until revoked
     assert settings.tunnel.shutdown_grace == 30.0
     assert settings.commands.max_pending == 10_000
 
@@ -282,6 +292,7 @@ def test_tls_cert_and_key_go_together(flag: str) -> None:
     [
         "--bootstrap-token-ttl",
         "--client-cert-lifetime",
+        "--max-api-token-ttl",
         "--keepalive-interval",
         "--keepalive-timeout",
         "--shutdown-grace",
@@ -290,6 +301,11 @@ def test_tls_cert_and_key_go_together(flag: str) -> None:
 def test_server_bad_duration_is_refused_with_examples(flag: str) -> None:
     with pytest.raises(FlagError, match=r"'1 week' is not a duration; use e\.g\. 30s"):
         server_settings(flag, "1 week")
+
+
+def test_a_maximum_token_lifetime_under_a_minute_is_refused() -> None:
+    with pytest.raises(ConfigError, match="--max-api-token-ttl must be at least 1m, not 30s"):
+        server_settings("--max-api-token-ttl", "30s")
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "many", "1.5"])

@@ -100,12 +100,17 @@ async def test_a_check_ends_the_requests_of_a_refused_credential_and_no_others()
     (gone, gone_stream), (staying, staying_stream) = stream(), stream()
     live.add(gone_stream, revoked, 0, exchange())
     live.add(staying_stream, kept, 0, exchange())
-    refusals.refused[revoked] = "the caller's API token was revoked, or its user deleted"
+    refusals.refused[revoked] = (
+        "the caller's API token expired or was revoked, or its user was deleted"
+    )
 
     assert await live.check() == 1
 
     assert gone.resets == [
-        (HTTP_ACCESS_REVOKED, "the caller's API token was revoked, or its user deleted")
+        (
+            HTTP_ACCESS_REVOKED,
+            "the caller's API token expired or was revoked, or its user was deleted",
+        )
     ]
     assert staying.resets == []
     assert len(live) == 1  # the ended request is no longer held
@@ -288,8 +293,14 @@ async def test_the_check_lets_a_credential_through_while_nothing_changed(
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ("/api/v1/users/alice/tokens", "the caller's API token was revoked, or its user deleted"),
-        ("/api/v1/users/alice", "the caller's API token was revoked, or its user deleted"),
+        (
+            "/api/v1/users/alice/tokens",
+            "the caller's API token expired or was revoked, or its user was deleted",
+        ),
+        (
+            "/api/v1/users/alice",
+            "the caller's API token expired or was revoked, or its user was deleted",
+        ),
         ("/api/v1/grants/alice/prod-eu", "user alice no longer has a grant on cluster prod-eu"),
     ],
 )

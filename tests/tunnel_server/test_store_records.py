@@ -313,6 +313,29 @@ async def test_find_user_by_token_finds_the_tokens_user(store: SqliteStore) -> N
     assert await store.find_user_by_token(hash_token("secret")) == ann
 
 
+async def test_a_token_with_an_expiry_is_refused_from_then_on(store: SqliteStore) -> None:
+    ann = await store.add_user("ann", (), False, NOW)
+    expires_at = NOW + timedelta(hours=8)
+    token = await store.add_api_token(hash_token("secret"), "ann", NOW, expires_at)
+    assert token.expires_at == expires_at
+    assert [t.expires_at for t in await store.list_api_tokens("ann")] == [expires_at]
+
+    before = expires_at - timedelta(seconds=1)
+    assert await store.find_user_by_token(hash_token("secret"), before) == ann
+    assert await store.find_user_by_token(hash_token("secret"), expires_at) is None
+
+
+async def test_a_token_with_an_expiry_is_checked_against_the_clock_without_now(
+    store: SqliteStore,
+) -> None:
+    await store.add_user("ann", (), False, NOW)
+    # NOW is in 2024: the token made then for a day has expired by the clock.
+    await store.add_api_token(hash_token("old"), "ann", NOW, NOW + timedelta(days=1))
+    await store.add_api_token(hash_token("forever"), "ann", NOW)
+    assert await store.find_user_by_token(hash_token("old")) is None
+    assert await store.find_user_by_token(hash_token("forever")) is not None
+
+
 async def test_find_user_by_an_unknown_token_returns_none(store: SqliteStore) -> None:
     assert await store.find_user_by_token(hash_token("nobody's")) is None
 

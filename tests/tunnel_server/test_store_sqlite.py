@@ -30,6 +30,7 @@ from tunnel_server.store import (
     sqlite_schema,
 )
 from tunnel_server.store.sqlite import THREAD_NICENESS
+from tunnel_server.store.sqlite_codec import encode_time
 from tunnel_server.store.sqlite_schema import MIGRATIONS, Migration
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -175,6 +176,31 @@ async def test_a_later_migration_is_applied_once_to_an_existing_database(
         ).fetchone()[0]
         assert applied == 1
         assert raw.execute("SELECT count(*) FROM later_feature").fetchone()[0] == 0
+
+
+async def test_tokens_made_before_they_could_expire_keep_working_after_the_upgrade(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before_expiry = next(m for m in MIGRATIONS if m.description == "API tokens that expire")
+    with monkeypatch.context() as patch:
+        patch.setattr(sqlite_schema, "MIGRATIONS", MIGRATIONS[: before_expiry.version - 1])
+        with _raw(path) as raw:
+            sqlite_schema.migrate(raw)
+            raw.execute(
+                "INSERT INTO users (name, groups, is_admin, created_at) VALUES (?, ?, ?, ?)",
+                ("ann", "[]", 0, encode_time(NOW)),
+            )
+            raw.execute(
+                "INSERT INTO api_tokens (token_hash, user_name, created_at) VALUES (?, ?, ?)",
+                (hash_token("old"), "ann", encode_time(NOW)),
+            )
+    store = await SqliteStore.open(path)
+    try:
+        [token] = await store.list_api_tokens("ann")
+        assert token.expires_at is None
+        assert await store.find_user_by_token(hash_token("old")) is not None
+    finally:
+        await store.close()
 
 
 async def test_a_database_newer_than_the_code_is_refused(

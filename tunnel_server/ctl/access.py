@@ -13,6 +13,11 @@ from .output import print_json, print_table
 
 __all__ = ["register"]
 
+_TTL_HELP = (
+    "the token expires after this long (e.g. 8h, 30d); "
+    "default: the server's --max-api-token-ttl, else never"
+)
+
 
 def register(commands: Subparsers) -> None:
     user = commands.add_parser("user", help="manage users and their API tokens")
@@ -21,6 +26,7 @@ def register(commands: Subparsers) -> None:
     add.add_argument("name")
     add.add_argument("--group", action="append", default=[], help="a group (repeatable)")
     add.add_argument("--admin", action="store_true", help="the user administers the server")
+    add.add_argument("--token-ttl", metavar="DURATION", help=_TTL_HELP)
     output_flag(add)
     add.set_defaults(run=user_add)
     listing = user_commands.add_parser("list", help="list users")
@@ -34,6 +40,7 @@ def register(commands: Subparsers) -> None:
     token.add_argument(
         "--revoke-others", action="store_true", help="revoke the user's other tokens (rotation)"
     )
+    token.add_argument("--ttl", metavar="DURATION", help=_TTL_HELP)
     output_flag(token)
     token.set_defaults(run=user_token)
     revoke = user_commands.add_parser("revoke-tokens", help="revoke every API token of a user")
@@ -67,6 +74,7 @@ def register(commands: Subparsers) -> None:
     )
     kubeconfig.add_argument("--cluster", required=True)
     kubeconfig.add_argument("--user", required=True)
+    kubeconfig.add_argument("--ttl", metavar="DURATION", help=_TTL_HELP)
     kubeconfig.set_defaults(run=make_kubeconfig)
 
     audit = commands.add_parser("audit", help="show the audit trail, newest first")
@@ -88,14 +96,15 @@ def register(commands: Subparsers) -> None:
 
 
 def user_add(client: ApiClient, args: argparse.Namespace) -> int:
-    answer = client.request(
-        "POST", "/api/v1/users", {"name": args.name, "groups": args.group, "admin": args.admin}
-    )
+    body = {"name": args.name, "groups": args.group, "admin": args.admin}
+    if args.token_ttl:
+        body["token_ttl"] = args.token_ttl
+    answer = client.request("POST", "/api/v1/users", body)
     if args.output == "json":
         print_json(answer)
     else:
         print(answer["token"])
-        print(f"# API token of {args.name}; it is shown only now", file=sys.stderr)
+        print(f"# API token of {args.name}; it is shown only now{_expiry(answer)}", file=sys.stderr)
     return 0
 
 
@@ -118,12 +127,16 @@ def user_delete(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def user_token(client: ApiClient, args: argparse.Namespace) -> int:
-    suffix = "?revoke_others=1" if args.revoke_others else ""
-    answer = client.request("POST", f"/api/v1/users/{segment(args.name)}/tokens{suffix}")
+    query = {"revoke_others": "1"} if args.revoke_others else {}
+    if args.ttl:
+        query["ttl"] = args.ttl
+    answer = client.request("POST", f"/api/v1/users/{segment(args.name)}/tokens?{urlencode(query)}")
     if args.output == "json":
         print_json(answer)
     else:
         print(answer["token"])
+        if expiry := _expiry(answer):
+            print(f"# API token of {args.name}{expiry}", file=sys.stderr)
         if ended := _ended(answer):
             print(f"# revoked the other tokens of {args.name}{ended}", file=sys.stderr)
     return 0
@@ -156,6 +169,12 @@ def ungrant_access(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _expiry(answer: Any) -> str:
+    """When the answer's new token expires, as the end of a sentence ("" if never)."""
+    expires_at = answer.get("expires_at") if isinstance(answer, dict) else None
+    return f"; it expires at {expires_at}" if expires_at else ""
+
+
 def _ended(answer: Any) -> str:
     """What the server says it ended: the kubectl requests (watch, exec...) in progress."""
     ended = answer.get("ended_requests", 0) if isinstance(answer, dict) else 0
@@ -182,9 +201,15 @@ def list_grants(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def make_kubeconfig(client: ApiClient, args: argparse.Namespace) -> int:
-    query = urlencode({"cluster": args.cluster})
-    answer = client.request("POST", f"/api/v1/users/{segment(args.user)}/kubeconfig?{query}")
+    query = {"cluster": args.cluster}
+    if args.ttl:
+        query["ttl"] = args.ttl
+    answer = client.request(
+        "POST", f"/api/v1/users/{segment(args.user)}/kubeconfig?{urlencode(query)}"
+    )
     sys.stdout.write(answer["kubeconfig"])
+    if expiry := _expiry(answer):
+        print(f"# the kubeconfig's token{expiry}", file=sys.stderr)
     if not answer["granted"]:
         print(
             f"# warning: {args.user} has no grant on {args.cluster}; "

@@ -150,6 +150,8 @@ class ApiToken:
     user: str
     created_at: datetime
     last_used_at: datetime | None = None
+    #: From then on the token is refused; None: never.
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,15 +459,18 @@ class Store(CommandStore):
         """Forget a user, their API tokens and their grants."""
 
     @abc.abstractmethod
-    async def add_api_token(self, token_hash: str, user: str, now: datetime) -> ApiToken:
-        """Keep a new API token (its hash) for ``user``."""
+    async def add_api_token(
+        self, token_hash: str, user: str, now: datetime, expires_at: datetime | None = None
+    ) -> ApiToken:
+        """Keep a new API token (its hash) for ``user``, refused from ``expires_at`` on."""
 
     @abc.abstractmethod
     async def find_user_by_token(self, token_hash: str, now: datetime | None = None) -> User | None:
-        """The user whose API token has this hash, or ``None``.
+        """The user whose API token has this hash, or ``None`` (also once it expired).
 
         Given ``now``, the token's ``last_used_at`` is brought up to date
-        (at most about once a minute, so that lookups stay cheap).
+        (at most about once a minute, so that lookups stay cheap); its expiry
+        is checked against ``now``, or else the current time.
         """
 
     @abc.abstractmethod

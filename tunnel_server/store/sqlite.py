@@ -214,8 +214,10 @@ class SqliteStore(Store):
     async def delete_user(self, name: str) -> None:
         await self._run(ops.delete_user, name)
 
-    async def add_api_token(self, token_hash: str, user: str, now: datetime) -> ApiToken:
-        return await self._run(ops.add_api_token, token_hash, user, now)
+    async def add_api_token(
+        self, token_hash: str, user: str, now: datetime, expires_at: datetime | None = None
+    ) -> ApiToken:
+        return await self._run(ops.add_api_token, token_hash, user, now, expires_at)
 
     async def find_user_by_token(self, token_hash: str, now: datetime | None = None) -> User | None:
         return await self._run(ops.find_user_by_token, token_hash, now)

@@ -195,6 +195,7 @@ def api_token_from_row(row: sqlite3.Row) -> ApiToken:
         user=row["user_name"],
         created_at=decode_time(row["created_at"]),
         last_used_at=_decode_optional_time(row["last_used_at"]),
+        expires_at=_decode_optional_time(row["expires_at"]),
     )
 
 

@@ -12,7 +12,7 @@ import functools
 import itertools
 import sqlite3
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from .base import (
     MAX_AUDIT_LIMIT,
@@ -308,16 +308,28 @@ def delete_user(db: sqlite3.Connection, name: str) -> None:
         raise _no_user(name)
 
 
-def add_api_token(db: sqlite3.Connection, token_hash: str, user: str, now: datetime) -> ApiToken:
+def add_api_token(
+    db: sqlite3.Connection,
+    token_hash: str,
+    user: str,
+    now: datetime,
+    expires_at: datetime | None = None,
+) -> ApiToken:
     """See :meth:`Store.add_api_token`."""
-    token = ApiToken(token_hash=check_token_hash(token_hash), user=user, created_at=utc(now))
+    token = ApiToken(
+        token_hash=check_token_hash(token_hash),
+        user=user,
+        created_at=utc(now),
+        expires_at=None if expires_at is None else utc(expires_at),
+    )
     with transaction(db):
         _require_user(db, user)
         if db.execute("SELECT 1 FROM api_tokens WHERE token_hash = ?", (token_hash,)).fetchone():
             raise AlreadyExistsError("this API token is registered already")
         db.execute(
-            "INSERT INTO api_tokens (token_hash, user_name, created_at) VALUES (?, ?, ?)",
-            (token_hash, user, encode_time(now)),
+            "INSERT INTO api_tokens (token_hash, user_name, created_at, expires_at)"
+            " VALUES (?, ?, ?, ?)",
+            (token_hash, user, encode_time(now), optional_time(expires_at)),
         )
     return token
 
@@ -327,17 +339,18 @@ def find_user_by_token(
 ) -> User | None:
     """See :meth:`Store.find_user_by_token`."""
     check_token_hash(token_hash)
+    # Fixed-width UTC text compares in time order (sqlite_schema).
     row = db.execute(
         "SELECT users.*, api_tokens.last_used_at FROM api_tokens"
         " JOIN users ON users.name = api_tokens.user_name"
-        " WHERE api_tokens.token_hash = ?",
-        (token_hash,),
+        " WHERE api_tokens.token_hash = ?"
+        " AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > ?)",
+        (token_hash, encode_time(now or datetime.now(UTC))),
     ).fetchone()
     if row is None:
         return None
     if now is not None:
         last_used_at: str | None = row["last_used_at"]
-        # Fixed-width UTC text compares in time order (sqlite_schema).
         if last_used_at is None or last_used_at < encode_time(now - TOKEN_TOUCH_INTERVAL):
             db.execute(
                 "UPDATE api_tokens SET last_used_at = ? WHERE token_hash = ?",

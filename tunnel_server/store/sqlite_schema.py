@@ -189,6 +189,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         description="the namespaces of namespaced clusters",
         statements=("ALTER TABLE clusters ADD COLUMN namespaces TEXT NOT NULL DEFAULT '[]'",),
     ),
+    Migration(
+        version=4,
+        description="API tokens that expire",
+        # NULL: the token never expires (every token made before this version).
+        statements=("ALTER TABLE api_tokens ADD COLUMN expires_at TEXT",),
+    ),
 )
 """Every migration, in order; ``MIGRATIONS[i].version == i + 1``."""
 
