@@ -12,7 +12,9 @@ from protocol.errors import TunnelError
 
 __all__ = ["FlagError", "env_flag", "parse_duration"]
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.ASCII)
+#: Longer than any duration a flag means: a century.
+_LONGEST = timedelta(days=36_525)
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
@@ -23,9 +25,12 @@ class FlagError(TunnelError):
 def parse_duration(text: str) -> timedelta:
     """``"30d"``, ``"24h"``, ``"90s"``, ``"250ms"`` or plain seconds, as a timedelta."""
     match = _DURATION.match(text)
-    if match is None:
-        raise FlagError(f"{text!r} is not a duration; use e.g. 30s, 15m, 24h or 30d")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    if match is None or len(text) > 32:
+        raise FlagError(f"{text[:32]!r} is not a duration; use e.g. 30s, 15m, 24h or 30d")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > _LONGEST.total_seconds():
+        raise FlagError(f"{text!r} is too long a duration; at most {_LONGEST.days}d")
+    return timedelta(seconds=seconds)
 
 
 def env_flag(

@@ -15,7 +15,8 @@ from aiohttp import web
 
 from tunnel_cli import FlagError, parse_duration
 
-from .auth import authenticate, require_admin
+from .auth import authenticate, bearer_token, require_admin
+from .config import MAX_API_TOKEN_TTL, MIN_API_TOKEN_TTL
 from .context import CONTEXT, ServerContext, utcnow
 from .errors import BadRequestError, ForbiddenError
 from .httpjson import json_response, read_json, require_str, timestamp
@@ -28,8 +29,6 @@ __all__ = ["setup_user_api", "validate_principal"]
 logger = logging.getLogger(__name__)
 
 _PRINCIPAL = re.compile(r"^[a-z0-9]([a-z0-9._@-]{0,62}[a-z0-9])?$")
-#: The shortest lifetime an API token may ask for.
-MIN_TOKEN_TTL = timedelta(minutes=1)
 _MAX_GROUPS = 32
 
 
@@ -76,10 +75,10 @@ async def add_user(request: web.Request) -> web.Response:
     ttl = body.get("token_ttl")
     if ttl is not None and not isinstance(ttl, str):
         raise BadRequestError("token_ttl must be a duration such as 8h or 30d")
-    lifetime = _token_lifetime(context, ttl)
+    expires_at = _token_expiry(context, ttl)
     now = utcnow()
     user = await context.store.add_user(name, groups, is_admin, now)
-    token, expires_at = await _issue_token(context, name, lifetime)
+    token = await _issue_token(context, name, expires_at)
     await _audit(context, admin.name, "user.add", name)
     return json_response(
         {"user": _user_view(user), "token": token, "expires_at": timestamp(expires_at)},
@@ -114,7 +113,7 @@ async def new_user_token(request: web.Request) -> web.Response:
     admin = await require_admin(request)
     context = request.app[CONTEXT]
     name = request.match_info["user"]
-    lifetime = _token_lifetime(context, request.query.get("ttl"))
+    expires_at = _token_expiry(context, request.query.get("ttl"))
     await context.store.get_user(name)
     ended = 0
     if request.query.get("revoke_others") in ("1", "true"):
@@ -122,7 +121,7 @@ async def new_user_token(request: web.Request) -> web.Response:
         await _audit(context, admin.name, "user.revoke-tokens", name)
         # At once, not after the new token is stored; live requests on the old ones end.
         ended = await context.live.access_changed(user=name)
-    token, expires_at = await _issue_token(context, name, lifetime)
+    token = await _issue_token(context, name, expires_at)
     await _audit(context, admin.name, "user.token", name)
     return json_response(
         {
@@ -143,11 +142,14 @@ async def new_kubeconfig(request: web.Request) -> web.Response:
     if name != caller.name and not caller.is_admin:
         raise ForbiddenError("only an admin can make a kubeconfig for another user")
     cluster = request.query.get("cluster", "")
-    lifetime = _token_lifetime(context, request.query.get("ttl"))
+    # A user's own token lives no longer than the one that asked for it: an
+    # expiring token cannot be traded for one that lives on.
+    cap = None if caller.is_admin else await _expiry_of_callers_token(request, caller)
+    expires_at = _token_expiry(context, request.query.get("ttl"), cap=cap)
     await context.store.get_cluster(cluster)
     user = await context.store.get_user(name)
     grant = await context.access.grant(user.name, cluster)
-    token, expires_at = await _issue_token(context, user.name, lifetime)
+    token = await _issue_token(context, user.name, expires_at)
     await _audit(context, caller.name, "kubeconfig", f"{name}@{cluster}")
     return json_response(
         {
@@ -286,22 +288,34 @@ def render_kubeconfig(context: ServerContext, cluster: str, user: str, token: st
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def _token_lifetime(context: ServerContext, ttl: str | None) -> timedelta | None:
-    """How long a new API token lives: its ``ttl``, within the server's maximum; None: for ever."""
+def _token_expiry(
+    context: ServerContext, ttl: str | None, *, cap: datetime | None = None
+) -> datetime | None:
+    """When a new API token expires (None: never): after its ``ttl``, within the
+    server's maximum, and not after ``cap``. Refuses a ``ttl`` it cannot use."""
     longest = context.settings.identity.max_api_token_ttl
-    if ttl is None:
-        return longest
+    lifetime = longest if ttl is None else _lifetime(ttl, longest)
+    expires_at = None if lifetime is None else utcnow() + lifetime
+    if cap is not None and (expires_at is None or expires_at > cap):
+        expires_at = cap
+    return expires_at
+
+
+def _lifetime(ttl: str, longest: timedelta | None) -> timedelta:
+    shown = ttl[:32]
     try:
         lifetime = parse_duration(ttl)
     except FlagError as exc:
         raise BadRequestError(f"ttl: {exc}") from exc
-    if lifetime < MIN_TOKEN_TTL:
-        raise BadRequestError(f"ttl must be at least {_describe(MIN_TOKEN_TTL)}, not {ttl}")
+    if lifetime < MIN_API_TOKEN_TTL:
+        raise BadRequestError(f"ttl must be at least {_describe(MIN_API_TOKEN_TTL)}, not {shown}")
     if longest is not None and lifetime > longest:
         raise BadRequestError(
             f"ttl must be at most {_describe(longest)} on this server (--max-api-token-ttl), "
-            f"not {ttl}"
+            f"not {shown}"
         )
+    if lifetime > MAX_API_TOKEN_TTL:
+        raise BadRequestError(f"ttl must be at most {_describe(MAX_API_TOKEN_TTL)}, not {shown}")
     return lifetime
 
 
@@ -313,16 +327,19 @@ def _describe(span: timedelta) -> str:
     return f"{seconds}s"
 
 
-async def _issue_token(
-    context: ServerContext, user: str, lifetime: timedelta | None
-) -> tuple[str, datetime | None]:
-    """A new API token of ``user`` and when it expires (None: never)."""
+async def _expiry_of_callers_token(request: web.Request, caller: User) -> datetime | None:
+    """When the API token the request carries expires (None: never)."""
+    token_hash = hash_token(bearer_token(request))
+    tokens = await request.app[CONTEXT].store.list_api_tokens(caller.name)
+    return next((t.expires_at for t in tokens if t.token_hash == token_hash), None)
+
+
+async def _issue_token(context: ServerContext, user: str, expires_at: datetime | None) -> str:
+    """A new API token of ``user``, refused from ``expires_at`` on (None: never)."""
     token = new_token("tat")
-    now = utcnow()
-    expires_at = None if lifetime is None else now + lifetime
-    await context.store.add_api_token(hash_token(token), user, now, expires_at)
+    await context.store.add_api_token(hash_token(token), user, utcnow(), expires_at)
     context.access.invalidate()
-    return token, expires_at
+    return token
 
 
 async def _audit(

@@ -35,9 +35,7 @@ def parse_bearer(header: str) -> str:
             code="token_missing",
         )
     if len(token) > MAX_TOKEN_LENGTH or not token.isascii() or not token.isprintable():
-        raise UnauthorizedError(
-            "the API token is not valid (unknown, expired or revoked)", code="token_invalid"
-        )
+        raise UnauthorizedError("the API token is not valid", code="token_invalid")
     return token
 
 

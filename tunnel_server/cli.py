@@ -14,6 +14,8 @@ from tunnel_cli import EVENT_LOOPS, configure_logging, env_flag, parse_duration,
 
 from . import __version__
 from .config import (
+    MAX_API_TOKEN_TTL,
+    MIN_API_TOKEN_TTL,
     CommandSettings,
     IdentitySettings,
     ListenSettings,
@@ -176,12 +178,15 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 
 def _token_ttl(value: str | None) -> timedelta | None:
-    """``--max-api-token-ttl``: a duration of at least a minute, or none."""
+    """``--max-api-token-ttl``: a duration within the bounds of a token's lifetime, or none."""
     if value is None:
         return None
     ttl = parse_duration(value)
-    if ttl < timedelta(minutes=1):
-        raise ConfigError(f"--max-api-token-ttl must be at least 1m, not {value}")
+    if not MIN_API_TOKEN_TTL <= ttl <= MAX_API_TOKEN_TTL:
+        raise ConfigError(
+            f"--max-api-token-ttl must be between {MIN_API_TOKEN_TTL.seconds // 60}m and "
+            f"{MAX_API_TOKEN_TTL.days}d, not {value}"
+        )
     return ttl
 
 

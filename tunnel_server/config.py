@@ -58,6 +58,11 @@ class TlsSettings:
             raise ConfigError("--tls-cert and --tls-key go together")
 
 
+#: The shortest and the longest lifetime an API token may have.
+MIN_API_TOKEN_TTL = timedelta(minutes=1)
+MAX_API_TOKEN_TTL = timedelta(days=3650)
+
+
 @dataclass(frozen=True, slots=True)
 class IdentitySettings:
     """Lifetimes of what the server issues."""

@@ -183,6 +183,13 @@ async def tunnelctl(tunnel: Tunnel, *args: str) -> str:
 
 async def tunnelctl_both(tunnel: Tunnel, *args: str) -> tuple[str, str]:
     """Run the real tunnelctl as the server's admin; its stdout and stderr (it must succeed)."""
+    code, stdout, stderr = await tunnelctl_run(tunnel, *args)
+    assert code == 0, stderr
+    return stdout, stderr
+
+
+async def tunnelctl_run(tunnel: Tunnel, *args: str) -> tuple[int, str, str]:
+    """Run the real tunnelctl as the server's admin; its exit status, stdout and stderr."""
     ca = tunnel.settings_dir / "server-ca.crt"
     ca.write_bytes(tunnel.server.ca_pem)
     server = ["--server", tunnel.server.url, "--ca", str(ca)]
@@ -196,8 +203,8 @@ async def tunnelctl_both(tunnel: Tunnel, *args: str) -> tuple[str, str]:
         stderr=asyncio.subprocess.PIPE,
     )
     stdout, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT)
-    assert process.returncode == 0, stderr.decode()
-    return stdout.decode(), stderr.decode()
+    assert process.returncode is not None
+    return process.returncode, stdout.decode(), stderr.decode()
 
 
 async def test_tunnelctl_says_how_many_requests_in_progress_a_revocation_ended(

@@ -20,7 +20,7 @@ from tunnel_server.store.sqlite_codec import encode_time
 
 from ..support import until
 from . import test_kubectl_tunnel as kubectl_e2e
-from .test_kubectl_revocation import kubectl_with, tunnelctl_both, watching
+from .test_kubectl_revocation import kubectl_with, tunnelctl_both, tunnelctl_run, watching
 from .test_kubectl_tunnel import Tunnel
 
 server = kubectl_e2e.server
@@ -139,3 +139,50 @@ async def test_tunnelctl_makes_tokens_that_expire_and_says_when(tunnel: Tunnel) 
         round((t.expires_at - t.created_at).total_seconds()) for t in tokens if t.expires_at
     )
     assert lifetimes == [2 * 3600, 12 * 3600]
+
+
+async def test_a_users_own_kubeconfig_lives_no_longer_than_the_token_that_asked(
+    tunnel: Tunnel,
+) -> None:
+    status, made = await tunnel.server.api(
+        "POST", "/api/v1/users", {"name": "bob", "token_ttl": "1h"}
+    )
+    assert status == 201
+    await tunnel.server.api("PUT", "/api/v1/grants/bob/prod-eu", {})
+    for ttl in ("", "&ttl=8h"):  # none asked, then a longer one
+        status, answer = await tunnel.server.api(
+            "POST", f"/api/v1/users/bob/kubeconfig?cluster=prod-eu{ttl}", token=made["token"]
+        )
+        assert status == 201
+        assert answer["expires_at"] == made["expires_at"]
+    status, answer = await tunnel.server.api(
+        "POST", "/api/v1/users/bob/kubeconfig?cluster=prod-eu&ttl=10m", token=made["token"]
+    )
+    assert datetime.fromisoformat(answer["expires_at"]) < datetime.fromisoformat(
+        made["expires_at"]
+    )  # a shorter one, as asked
+
+
+async def test_a_ttl_too_long_for_any_token_is_refused_before_anything_changes(
+    tunnel: Tunnel,
+) -> None:
+    status, answer = await tunnel.server.api(
+        "POST", "/api/v1/users", {"name": "bob", "token_ttl": "4000d"}
+    )
+    assert (status, answer["error"]["message"]) == (400, "ttl must be at most 3650d, not 4000d")
+    _, users = await tunnel.server.api("GET", "/api/v1/users")
+    assert "bob" not in [user["name"] for user in users]
+
+    status, answer = await tunnel.server.api(
+        "POST", "/api/v1/users/alice/tokens?revoke_others=1&ttl=99999999999d"
+    )
+    assert status == 400
+    assert "too long a duration" in answer["error"]["message"]
+    still = await tunnel.kubectl.run("get", "pod", "demo", "-o", "name")
+    assert still.stdout == "pod/demo\n"  # alice's tokens were not revoked
+
+
+async def test_tunnelctl_passes_an_empty_ttl_on_to_be_refused(tunnel: Tunnel) -> None:
+    code, stdout, stderr = await tunnelctl_run(tunnel, "user", "token", "alice", "--ttl", "")
+    assert (code, stdout) == (1, "")
+    assert "ttl: '' is not a duration" in stderr

@@ -303,9 +303,18 @@ def test_server_bad_duration_is_refused_with_examples(flag: str) -> None:
         server_settings(flag, "1 week")
 
 
-def test_a_maximum_token_lifetime_under_a_minute_is_refused() -> None:
-    with pytest.raises(ConfigError, match="--max-api-token-ttl must be at least 1m, not 30s"):
-        server_settings("--max-api-token-ttl", "30s")
+@pytest.mark.parametrize("value", ["30s", "3651d"])
+def test_a_maximum_token_lifetime_out_of_bounds_is_refused(value: str) -> None:
+    with pytest.raises(
+        ConfigError, match=f"--max-api-token-ttl must be between 1m and 3650d, not {value}"
+    ):
+        server_settings("--max-api-token-ttl", value)
+
+
+@pytest.mark.parametrize("value", ["99999999999d", "9" * 400, "\u0663h"])
+def test_a_duration_too_long_or_not_in_ascii_digits_is_refused(value: str) -> None:
+    with pytest.raises(FlagError):
+        server_settings("--max-api-token-ttl", value)
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "many", "1.5"])

@@ -336,6 +336,23 @@ async def test_a_token_with_an_expiry_is_checked_against_the_clock_without_now(
     assert await store.find_user_by_token(hash_token("forever")) is not None
 
 
+async def test_tokens_that_expired_are_forgotten_when_another_is_added(
+    store: SqliteStore,
+) -> None:
+    for name in ("ann", "bob"):
+        await store.add_user(name, (), False, NOW)
+    await store.add_api_token(hash_token("gone"), "ann", NOW, NOW + timedelta(hours=1))
+    await store.add_api_token(hash_token("kept"), "ann", NOW, NOW + timedelta(hours=3))
+    await store.add_api_token(hash_token("forever"), "ann", NOW)
+
+    await store.add_api_token(hash_token("bob's"), "bob", NOW + timedelta(hours=2))
+
+    assert {t.token_hash for t in await store.list_api_tokens("ann")} == {
+        hash_token("kept"),
+        hash_token("forever"),
+    }
+
+
 async def test_find_user_by_an_unknown_token_returns_none(store: SqliteStore) -> None:
     assert await store.find_user_by_token(hash_token("nobody's")) is None
 

@@ -97,7 +97,7 @@ def register(commands: Subparsers) -> None:
 
 def user_add(client: ApiClient, args: argparse.Namespace) -> int:
     body = {"name": args.name, "groups": args.group, "admin": args.admin}
-    if args.token_ttl:
+    if args.token_ttl is not None:
         body["token_ttl"] = args.token_ttl
     answer = client.request("POST", "/api/v1/users", body)
     if args.output == "json":
@@ -128,7 +128,7 @@ def user_delete(client: ApiClient, args: argparse.Namespace) -> int:
 
 def user_token(client: ApiClient, args: argparse.Namespace) -> int:
     query = {"revoke_others": "1"} if args.revoke_others else {}
-    if args.ttl:
+    if args.ttl is not None:
         query["ttl"] = args.ttl
     answer = client.request("POST", f"/api/v1/users/{segment(args.name)}/tokens?{urlencode(query)}")
     if args.output == "json":
@@ -202,7 +202,7 @@ def list_grants(client: ApiClient, args: argparse.Namespace) -> int:
 
 def make_kubeconfig(client: ApiClient, args: argparse.Namespace) -> int:
     query = {"cluster": args.cluster}
-    if args.ttl:
+    if args.ttl is not None:
         query["ttl"] = args.ttl
     answer = client.request(
         "POST", f"/api/v1/users/{segment(args.user)}/kubeconfig?{urlencode(query)}"

@@ -462,7 +462,10 @@ class Store(CommandStore):
     async def add_api_token(
         self, token_hash: str, user: str, now: datetime, expires_at: datetime | None = None
     ) -> ApiToken:
-        """Keep a new API token (its hash) for ``user``, refused from ``expires_at`` on."""
+        """Keep a new API token (its hash) for ``user``, refused from ``expires_at`` on.
+
+        Tokens that expired by ``now`` (any user's) are forgotten.
+        """
 
     @abc.abstractmethod
     async def find_user_by_token(self, token_hash: str, now: datetime | None = None) -> User | None:

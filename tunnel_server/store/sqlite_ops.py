@@ -326,6 +326,11 @@ def add_api_token(
         _require_user(db, user)
         if db.execute("SELECT 1 FROM api_tokens WHERE token_hash = ?", (token_hash,)).fetchone():
             raise AlreadyExistsError("this API token is registered already")
+        # Tokens that expired are forgotten as new ones come: the table stays bounded.
+        db.execute(
+            "DELETE FROM api_tokens WHERE expires_at IS NOT NULL AND expires_at <= ?",
+            (encode_time(now),),
+        )
         db.execute(
             "INSERT INTO api_tokens (token_hash, user_name, created_at, expires_at)"
             " VALUES (?, ?, ?, ?)",
