@@ -326,20 +326,22 @@ async def finish(context: ServerContext, exchange: ProxyExchange) -> None:
         )
 
 
-def _revoked(error: SessionError) -> bool:
-    """``error`` is this server ending the stream because access was taken away."""
-    return (
+def _revocation(error: SessionError) -> str | None:
+    """Why access was taken away, if that is what ended the stream (this server reset it)."""
+    if (
         isinstance(error, StreamResetError)
         and not error.remote
         and error.code == kinds.HTTP_ACCESS_REVOKED
-    )
+    ):
+        return error.reason
+    return None
 
 
 def dropped_refusal(error: SessionError, cluster: str) -> ProxyRefusal:
     """What to answer when the stream failed before the response head came."""
-    if _revoked(error):
-        assert isinstance(error, StreamResetError)
-        return ProxyRefusal(403, "Forbidden", f"access revoked: {error.reason}")
+    revoked = _revocation(error)
+    if revoked is not None:
+        return ProxyRefusal(403, "Forbidden", f"access revoked: {revoked}")
     return ProxyRefusal(502, "BadGateway", f"cluster {cluster} dropped the request: {error}")
 
 
@@ -358,13 +360,13 @@ def revocation_event(
     watch, so a client reports why it ended. After half an event it would
     only make the client report a decoding error: the answer is cut instead.
     """
-    if not _revoked(error) or exchange.verb != "watch" or not between_events:
+    revoked = _revocation(error)
+    if revoked is None or exchange.verb != "watch" or not between_events:
         return None
-    assert isinstance(error, StreamResetError)
     content_type = next((value for name, value in headers if name == "content-type"), "")
     if not content_type.lower().startswith("application/json"):
         return None
-    status = status_body(403, "Forbidden", f"access revoked: {error.reason}")
+    status = status_body(403, "Forbidden", f"access revoked: {revoked}")
     return b'{"type":"ERROR","object":' + status + b"}\n"
 
 
