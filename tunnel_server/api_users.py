@@ -91,7 +91,8 @@ async def delete_user(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     name = request.match_info["user"]
     await context.store.delete_user(name)
-    # Audited first: the check below may take a while, and the change is made.
+    context.access.invalidate()  # new requests are refused from now on
+    # Audited before the live requests are checked: that may take a while.
     await _audit(context, admin.name, "user.delete", name)
     ended = await context.live.access_changed(user=name)
     return json_response({"deleted": name, "ended_requests": ended})
@@ -104,6 +105,7 @@ async def revoke_user_tokens(request: web.Request) -> web.Response:
     name = request.match_info["user"]
     await context.store.get_user(name)
     count = await context.store.revoke_api_tokens(name)
+    context.access.invalidate()
     await _audit(context, admin.name, "user.revoke-tokens", name)
     ended = await context.live.access_changed(user=name)
     return json_response({"user": name, "revoked": count, "ended_requests": ended})
@@ -118,6 +120,7 @@ async def new_user_token(request: web.Request) -> web.Response:
     ended = 0
     if request.query.get("revoke_others") in ("1", "true"):
         await context.store.revoke_api_tokens(name)
+        context.access.invalidate()
         await _audit(context, admin.name, "user.revoke-tokens", name)
         # At once, not after the new token is stored; live requests on the old ones end.
         ended = await context.live.access_changed(user=name)
@@ -188,6 +191,7 @@ async def set_grant(request: web.Request) -> web.Response:
         impersonate=flags["impersonate"],
     )
     await context.store.set_grant(grant)
+    context.access.invalidate()
     await _audit(context, admin.name, "grant", f"{user}@{cluster}", cluster=cluster)
     # A changed grant may change the identity the cluster sees: requests made as the old one end.
     ended = await context.live.access_changed(user=user, cluster=cluster)
@@ -199,6 +203,7 @@ async def delete_grant(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     user, cluster = request.match_info["user"], request.match_info["cluster"]
     await context.store.delete_grant(user, cluster)
+    context.access.invalidate()
     await _audit(context, admin.name, "ungrant", f"{user}@{cluster}", cluster=cluster)
     ended = await context.live.access_changed(user=user, cluster=cluster)
     return json_response({"deleted": {"user": user, "cluster": cluster}, "ended_requests": ended})
