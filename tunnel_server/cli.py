@@ -114,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(
         serve,
+        "--max-requests-per-user",
+        env + "MAX_REQUESTS_PER_USER",
+        default=str(TunnelSettings.__dataclass_fields__["max_requests_per_user"].default),
+        help="kubectl requests one user may have in progress on one cluster (more get 429)",
+    )
+    env_flag(
+        serve,
         "--max-pending-commands",
         env + "MAX_PENDING_COMMANDS",
         default=str(CommandSettings.__dataclass_fields__["max_pending"].default),
@@ -170,8 +177,11 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                 timeout=parse_duration(args.keepalive_timeout).total_seconds(),
             ),
             shutdown_grace=parse_duration(args.shutdown_grace).total_seconds(),
+            max_requests_per_user=_positive(args.max_requests_per_user, "--max-requests-per-user"),
         ),
-        commands=CommandSettings(max_pending=_positive(args.max_pending_commands)),
+        commands=CommandSettings(
+            max_pending=_positive(args.max_pending_commands, "--max-pending-commands")
+        ),
         agent_image=args.agent_image,
         audit_retention=parse_duration(args.audit_retention),
     )
@@ -190,16 +200,14 @@ def _token_ttl(value: str | None) -> timedelta | None:
     return ttl
 
 
-def _positive(value: str) -> int:
-    """``--max-pending-commands``: a whole number of at least 1."""
+def _positive(value: str, flag: str) -> int:
+    """A flag's whole number of at least 1."""
     try:
         number = int(value)
     except ValueError:
         number = 0
     if number < 1:
-        raise ConfigError(
-            f"--max-pending-commands must be a whole number of at least 1, not {value!r}"
-        )
+        raise ConfigError(f"{flag} must be a whole number of at least 1, not {value!r}")
     return number
 
 

@@ -100,6 +100,9 @@ class TunnelSettings:
     handshake_timeout: float = 10.0
     #: How long the WebSocket closing handshake may take (a dead peer never answers).
     close_timeout: float = 2.0
+    #: Proxied requests one user may have in progress on one cluster: half the
+    #: streams a session carries, so no one user can take them all.
+    max_requests_per_user: int = 1024
 
 
 @dataclass(frozen=True, slots=True)

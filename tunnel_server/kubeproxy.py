@@ -198,6 +198,6 @@ def kube_status(code: int, reason: str, message: str) -> web.Response:
     response = web.Response(
         status=code, body=status_body(code, reason, message), content_type="application/json"
     )
-    if code == 503:
+    if code in (429, 503):
         response.headers["Retry-After"] = "1"
     return response

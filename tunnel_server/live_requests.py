@@ -84,10 +84,16 @@ class LiveRequests:
         self._on_ended = on_ended
         self._interval = interval
         self._live: dict[MuxStream, tuple[Credential, ProxyExchange]] = {}
+        #: Requests in progress per (user, cluster).
+        self._counts: dict[tuple[str, str], int] = {}
         self._due = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._live)
+
+    def count(self, user: str, cluster: str) -> int:
+        """How many requests ``user`` has in progress on ``cluster``."""
+        return self._counts.get((user, cluster), 0)
 
     def add(
         self,
@@ -105,12 +111,24 @@ class LiveRequests:
         again soon.
         """
         self._live[stream] = (credential, exchange)
+        key = (credential.user, credential.cluster)
+        self._counts[key] = self._counts.get(key, 0) + 1
         if generation != self._access.generation:
             self._due.set()
 
     def discard(self, stream: MuxStream) -> None:
         """Forget a stream whose request has ended."""
-        self._live.pop(stream, None)
+        held = self._live.pop(stream, None)
+        if held is not None:
+            self._uncount(held[0])
+
+    def _uncount(self, credential: Credential) -> None:
+        key = (credential.user, credential.cluster)
+        left = self._counts[key] - 1
+        if left:
+            self._counts[key] = left
+        else:
+            del self._counts[key]
 
     def requests(self) -> list[ProxyExchange]:
         """The exchanges of the requests in progress, the oldest first."""
@@ -169,6 +187,7 @@ class LiveRequests:
             if stream.error is None and self._live.pop(stream, None) is not None
         ]
         for stream in ending:
+            self._uncount(credential)
             stream.reset(HTTP_ACCESS_REVOKED, refusal)
         if ending:
             self._on_ended(len(ending))

@@ -223,6 +223,15 @@ async def open_relay(
             memo.user = user.name
             memo.forwarded = forwarded
             memo.credential = credential
+    # No one user takes all the streams of a cluster's session from the others.
+    most = context.settings.tunnel.max_requests_per_user
+    if context.live.count(credential.user, cluster) >= most:
+        raise ProxyRefusal(
+            429,
+            "TooManyRequests",
+            f"user {credential.user} has {most} requests in progress on cluster {cluster}, "
+            "the most one user may have; end some (watches, logs -f, exec, port-forward)",
+        )
     agent = context.registry.get(cluster)
     if agent is None:
         # Fail fast: no waiting for an agent that may never come.

@@ -150,6 +150,15 @@ SERVER_FLAGS = [
         12 * 3600.0,
     ),
     FlagCase(
+        "--max-requests-per-user",
+        "TUNNEL_SERVER_MAX_REQUESTS_PER_USER",
+        "64",
+        "8",
+        lambda a, s: s.tunnel.max_requests_per_user,
+        64,
+        8,
+    ),
+    FlagCase(
         "--max-pending-commands",
         "TUNNEL_SERVER_MAX_PENDING_COMMANDS",
         "500",
@@ -238,6 +247,7 @@ def test_server_defaults_without_flags_or_environment() -> None:
     assert settings.identity.max_api_token_ttl is None  # tokens live until revoked
     assert settings.tunnel.shutdown_grace == 30.0
     assert settings.commands.max_pending == 10_000
+    assert settings.tunnel.max_requests_per_user == 1024
 
 
 @pytest.mark.parametrize(
@@ -317,7 +327,8 @@ def test_a_duration_too_long_or_not_in_ascii_digits_is_refused(value: str) -> No
         server_settings("--max-api-token-ttl", value)
 
 
+@pytest.mark.parametrize("flag", ["--max-pending-commands", "--max-requests-per-user"])
 @pytest.mark.parametrize("value", ["0", "-5", "many", "1.5"])
-def test_max_pending_commands_must_be_a_positive_whole_number(value: str) -> None:
-    with pytest.raises(ConfigError, match="--max-pending-commands must be a whole number"):
-        server_settings("--max-pending-commands", value)
+def test_counts_must_be_positive_whole_numbers(flag: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"{flag} must be a whole number"):
+        server_settings(flag, value)

@@ -116,6 +116,25 @@ async def test_a_check_ends_the_requests_of_a_refused_credential_and_no_others()
     assert len(live) == 1  # the ended request is no longer held
 
 
+async def test_requests_in_progress_are_counted_per_user_and_cluster() -> None:
+    live, _, refusals = live_requests()
+    (_, first), (_, second), (_, elsewhere), (_, bobs) = (stream() for _ in range(4))
+    live.add(first, credential("a"), 0, exchange())
+    live.add(second, credential("b"), 0, exchange())  # another token of alice's
+    live.add(elsewhere, credential("a", cluster="staging"), 0, exchange())
+    live.add(bobs, credential("c", user="bob"), 0, exchange())
+    assert (live.count("alice", "prod-eu"), live.count("alice", "staging")) == (2, 1)
+    assert live.count("bob", "prod-eu") == 1
+
+    live.discard(first)
+    live.discard(first)  # twice: counted once
+    assert live.count("alice", "prod-eu") == 1
+    refusals.refused[credential("b")] = "revoked"
+    await live.check()  # ends the second
+    assert live.count("alice", "prod-eu") == 0
+    assert (live.count("alice", "staging"), live.count("bob", "prod-eu")) == (1, 1)
+
+
 async def test_the_requests_of_one_credential_are_checked_once() -> None:
     live, _, refusals = live_requests()
     shared = credential()
