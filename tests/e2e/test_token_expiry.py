@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kubestub_tests.kubectl import Kubectl
 from tunnel_server.store.base import hash_token
 from tunnel_server.store.sqlite_codec import encode_time
 
@@ -37,24 +38,25 @@ def expire(state_dir: Path, token: str) -> None:
     assert changed == 1
 
 
-def token_of(kubeconfig: str) -> str:
-    token: str = kubeconfig.split("token: ")[1].split()[0]
-    return token
+async def kubectl_expiring(
+    tunnel: Tunnel, ttl: str, directory: Path
+) -> tuple[Kubectl, str, datetime]:
+    """kubectl with a new kubeconfig of alice's whose token lives ``ttl``; the token, its expiry."""
+    status, answer = await tunnel.server.api(
+        "POST", f"/api/v1/users/alice/kubeconfig?cluster=prod-eu&ttl={ttl}"
+    )
+    assert status == 201
+    kubeconfig: str = answer["kubeconfig"]
+    kubectl = kubectl_with(kubeconfig.replace("https://127.0.0.1:1", tunnel.server.url), directory)
+    token = kubeconfig.split("token: ")[1].split()[0]
+    return kubectl, token, datetime.fromisoformat(answer["expires_at"])
 
 
 async def test_a_kubeconfig_with_a_ttl_works_until_its_token_expires(
     tunnel: Tunnel, tmp_path: Path
 ) -> None:
-    status, answer = await tunnel.server.api(
-        "POST", "/api/v1/users/alice/kubeconfig?cluster=prod-eu&ttl=8h"
-    )
-    assert status == 201
-    expires_at = datetime.fromisoformat(answer["expires_at"])
+    kubectl, token, expires_at = await kubectl_expiring(tunnel, "8h", tmp_path / "kc")
     assert abs(expires_at - (datetime.now(UTC) + timedelta(hours=8))) < timedelta(minutes=1)
-    kubectl = kubectl_with(
-        answer["kubeconfig"].replace("https://127.0.0.1:1", tunnel.server.url), tmp_path / "kc"
-    )
-    token = token_of(answer["kubeconfig"])
     assert (await kubectl.run("get", "pod", "demo", "-o", "name")).stdout == "pod/demo\n"
 
     expire(tunnel.server.settings.state_dir, token)
@@ -68,18 +70,10 @@ async def test_a_kubeconfig_with_a_ttl_works_until_its_token_expires(
 async def test_a_watch_ends_at_the_first_check_after_its_token_expired(
     tunnel: Tunnel, tmp_path: Path
 ) -> None:
-    status, answer = await tunnel.server.api(
-        "POST", "/api/v1/users/alice/kubeconfig?cluster=prod-eu&ttl=1h"
-    )
-    assert status == 201
-    kubectl = kubectl_with(
-        answer["kubeconfig"].replace("https://127.0.0.1:1", tunnel.server.url), tmp_path / "kc"
-    )
+    kubectl, token, _ = await kubectl_expiring(tunnel, "1h", tmp_path / "kc")
     watch = await watching(kubectl, tunnel)
     try:
-        expire(
-            tunnel.server.settings.state_dir, answer["kubeconfig"].split("token: ")[1].split()[0]
-        )
+        expire(tunnel.server.settings.state_dir, token)
         # Nothing on this server changed access: the periodic check finds it
         # (this is that check, run now rather than in up to 30 s).
         tunnel.server.context.access.invalidate()
