@@ -16,6 +16,7 @@ llhttp cannot tell have no body) go through aiohttp's client
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections import Counter
@@ -24,8 +25,9 @@ import aiohttp
 
 from protocol.errors import ErrorCode, MalformedFrameError
 from protocol.http import Headers, RequestHead, encode_response_head
+from protocol.kinds import HTTP_ACCESS_REVOKED
 from tunnel_kube import status_body
-from tunnel_mux import MuxStream, SessionError
+from tunnel_mux import MuxStream, SessionError, StreamResetError
 
 from .kubeapi import KubeApi
 from .kubeproxy_aiohttp import DROPPED_RESPONSE_HEADERS, relay_request, relay_upgrade
@@ -88,6 +90,27 @@ class KubeProxy:
 
     async def handle(self, stream: MuxStream) -> None:
         # No await in an except block here: mypyc compiles this module (setup.py).
+        try:
+            await self._handle(stream)
+        except (asyncio.CancelledError, SessionError):
+            # A reset by the server cancels the handler (a request waiting on the
+            # API server) or fails its next write; the stream says which reset.
+            error = stream.error
+            if (
+                isinstance(error, StreamResetError)
+                and error.remote
+                and error.code == HTTP_ACCESS_REVOKED
+            ):
+                # The cluster's owner sees who lost access mid-request (a watch, an exec).
+                logger.info(
+                    "the server ended %s %s: %s",
+                    stream.headers.get("method"),
+                    str(stream.headers.get("path"))[:200],
+                    error.reason,
+                )
+            raise
+
+    async def _handle(self, stream: MuxStream) -> None:
         head = self._admit(stream)
         if isinstance(head, Refusal):
             await _answer_status(stream, head)

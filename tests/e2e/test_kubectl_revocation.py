@@ -10,10 +10,13 @@ requests it no longer allows, promptly, at the cluster too, and no others.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import sys
 from datetime import datetime
 from pathlib import Path
+
+import pytest
 
 from tests.kubestub_tests.kubectl import TIMEOUT, Kubectl, Running
 
@@ -73,8 +76,9 @@ def kubectl_with(kubeconfig: str, directory: Path) -> Kubectl:
 
 
 async def test_ungrant_ends_a_watch_in_progress_at_the_caller_and_at_the_cluster(
-    tunnel: Tunnel,
+    tunnel: Tunnel, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="tunnel_agent.kubeproxy")
     watch = await watching(tunnel.kubectl, tunnel)
 
     status, answer = await tunnel.server.api("DELETE", "/api/v1/grants/alice/prod-eu")
@@ -90,6 +94,9 @@ async def test_ungrant_ends_a_watch_in_progress_at_the_caller_and_at_the_cluster
     ]
     await ended(watch)
     await until(lambda: tunnel.stub.store.watcher_count == 0, max_turns=10**7)
+    # The agent's log tells the cluster's owner what ended, and why.
+    assert "the server ended GET /api/v1/namespaces/default/pods?resourceVersion=" in caplog.text
+    assert "user alice no longer has a grant on cluster prod-eu" in caplog.text
     again = await tunnel.kubectl.run("get", "pods")
     assert again.returncode != 0
     assert "no grant on cluster prod-eu" in again.stderr
