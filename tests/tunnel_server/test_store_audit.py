@@ -16,7 +16,7 @@ from tunnel_server.store import (
     InvalidValueError,
     ProxyAuditRecord,
     SqliteStore,
-    sqlite_ops,
+    sqlite_audit,
 )
 from tunnel_server.store.sqlite_codec import MAX_AUDIT_DETAIL_BYTES, encode_time
 
@@ -189,7 +189,7 @@ async def test_a_batch_the_database_refuses_midway_stores_none_of_it(
 ) -> None:
     # Let a bad kind past the Python check, so that the table's CHECK refuses
     # the second row inside executemany, after the first was inserted.
-    monkeypatch.setattr(sqlite_ops, "check_kind", lambda kind: kind)
+    monkeypatch.setattr(sqlite_audit, "check_kind", lambda kind: kind)
     bad = AuditEvent(None, NOW, "ann", "prod", "teleport", "get")  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match="refused a value"):
         await store.add_audit_events([event(0), bad, event(2)])

@@ -1,9 +1,9 @@
 """The embedded store: one SQLite file, for a server that runs as one replica.
 
 One dedicated worker thread owns the connection and does all database work
-(the functions of ``sqlite_ops``), so the event loop never waits on the disk;
-calls queue on it in order and run in batches, one transaction per batch
-(``sqlite_worker``). The file is created readable by its owner alone
+(the functions of ``sqlite_ops`` and ``sqlite_audit``), so the event loop never
+waits on the disk; calls queue on it in order and run in batches, one
+transaction per batch (``sqlite_worker``). The file is created readable by its owner alone
 (it holds token hashes) and runs in WAL mode with ``synchronous=NORMAL``: a
 power cut may lose the last transactions, never consistency. sqlite3's
 exceptions are translated into the store's errors here, at the thread's edge.
@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from . import sqlite_audit as audit_ops
 from . import sqlite_commands as cmd_ops
 from . import sqlite_ops as ops
 from . import sqlite_schema
@@ -310,13 +311,13 @@ class SqliteStore(Store):
         return await self._run(cmd_ops.command_log, command_id, after, limit)
 
     async def add_audit(self, event: AuditEvent) -> AuditEvent:
-        return await self._run(ops.add_audit, event)
+        return await self._run(audit_ops.add_audit, event)
 
     async def add_audit_events(self, events: Sequence[AuditEvent]) -> int:
-        return await self._run(ops.add_audit_events, list(events))
+        return await self._run(audit_ops.add_audit_events, list(events))
 
     async def add_proxy_audit(self, records: Sequence[ProxyAuditRecord]) -> int:
-        return await self._run(ops.add_proxy_audit, list(records))
+        return await self._run(audit_ops.add_proxy_audit, list(records))
 
     async def list_audit(
         self,
@@ -326,10 +327,10 @@ class SqliteStore(Store):
         since: datetime | None = None,
         limit: int = 100,
     ) -> list[AuditEvent]:
-        return await self._run(ops.list_audit, cluster, user, kind, since, limit)
+        return await self._run(audit_ops.list_audit, cluster, user, kind, since, limit)
 
     async def delete_audit_before(self, time: datetime) -> int:
-        return await self._run(ops.delete_audit_before, time)
+        return await self._run(audit_ops.delete_audit_before, time)
 
 
 # --- Helpers that run on the database thread -----------------------------------
