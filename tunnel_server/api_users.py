@@ -91,10 +91,7 @@ async def delete_user(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     name = request.match_info["user"]
     await context.store.delete_user(name)
-    context.access.invalidate()  # new requests are refused from now on
-    # Audited before the live requests are checked: that may take a while.
-    await _audit(context, admin.name, "user.delete", name)
-    ended = await context.live.access_changed(user=name)
+    ended = await _access_changed(context, admin.name, "user.delete", name, user=name)
     return json_response({"deleted": name, "ended_requests": ended})
 
 
@@ -105,9 +102,7 @@ async def revoke_user_tokens(request: web.Request) -> web.Response:
     name = request.match_info["user"]
     await context.store.get_user(name)
     count = await context.store.revoke_api_tokens(name)
-    context.access.invalidate()
-    await _audit(context, admin.name, "user.revoke-tokens", name)
-    ended = await context.live.access_changed(user=name)
+    ended = await _access_changed(context, admin.name, "user.revoke-tokens", name, user=name)
     return json_response({"user": name, "revoked": count, "ended_requests": ended})
 
 
@@ -120,10 +115,8 @@ async def new_user_token(request: web.Request) -> web.Response:
     ended = 0
     if request.query.get("revoke_others") in ("1", "true"):
         await context.store.revoke_api_tokens(name)
-        context.access.invalidate()
-        await _audit(context, admin.name, "user.revoke-tokens", name)
         # At once, not after the new token is stored; live requests on the old ones end.
-        ended = await context.live.access_changed(user=name)
+        ended = await _access_changed(context, admin.name, "user.revoke-tokens", name, user=name)
     token = await _issue_token(context, name, expires_at)
     await _audit(context, admin.name, "user.token", name)
     return json_response(
@@ -191,10 +184,9 @@ async def set_grant(request: web.Request) -> web.Response:
         impersonate=flags["impersonate"],
     )
     await context.store.set_grant(grant)
-    context.access.invalidate()
-    await _audit(context, admin.name, "grant", f"{user}@{cluster}", cluster=cluster)
     # A changed grant may change the identity the cluster sees: requests made as the old one end.
-    ended = await context.live.access_changed(user=user, cluster=cluster)
+    target = f"{user}@{cluster}"
+    ended = await _access_changed(context, admin.name, "grant", target, user=user, cluster=cluster)
     return json_response({**_grant_view(grant), "ended_requests": ended})
 
 
@@ -203,9 +195,10 @@ async def delete_grant(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     user, cluster = request.match_info["user"], request.match_info["cluster"]
     await context.store.delete_grant(user, cluster)
-    context.access.invalidate()
-    await _audit(context, admin.name, "ungrant", f"{user}@{cluster}", cluster=cluster)
-    ended = await context.live.access_changed(user=user, cluster=cluster)
+    target = f"{user}@{cluster}"
+    ended = await _access_changed(
+        context, admin.name, "ungrant", target, user=user, cluster=cluster
+    )
     return json_response({"deleted": {"user": user, "cluster": cluster}, "ended_requests": ended})
 
 
@@ -345,6 +338,27 @@ async def _issue_token(context: ServerContext, user: str, expires_at: datetime |
     await context.store.add_api_token(hash_token(token), user, utcnow(), expires_at)
     context.access.invalidate()
     return token
+
+
+async def _access_changed(
+    context: ServerContext,
+    admin: str,
+    verb: str,
+    target: str,
+    *,
+    user: str,
+    cluster: str | None = None,
+) -> int:
+    """After a change of a user's tokens or grants in the store; the requests it ended.
+
+    New requests are refused at once (the access cache is cleared before any
+    await), the admin's change is audited, and only then are the user's
+    requests in progress (on ``cluster``, if given) checked again: that may
+    take a while, or be cancelled with the API call.
+    """
+    context.access.invalidate()
+    await _audit(context, admin, verb, target, cluster=cluster)
+    return await context.live.access_changed(user=user, cluster=cluster)
 
 
 async def _audit(
