@@ -8,7 +8,7 @@ by name, when present).
 """
 
 from .eventloop import EVENT_LOOPS, loop_factory, run_main
-from .flags import FlagError, env_flag, parse_duration
+from .flags import FlagError, describe_duration, env_flag, parse_duration
 from .logs import configure_logging
 from .memory import freeze_startup_objects
 
@@ -16,6 +16,7 @@ __all__ = [
     "EVENT_LOOPS",
     "FlagError",
     "configure_logging",
+    "describe_duration",
     "env_flag",
     "freeze_startup_objects",
     "loop_factory",

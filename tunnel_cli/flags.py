@@ -10,7 +10,7 @@ from typing import Any
 
 from protocol.errors import TunnelError
 
-__all__ = ["FlagError", "env_flag", "parse_duration"]
+__all__ = ["FlagError", "describe_duration", "env_flag", "parse_duration"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.ASCII)
 #: Longer than any duration a flag means: a century.
@@ -31,6 +31,15 @@ def parse_duration(text: str) -> timedelta:
     if seconds > _LONGEST.total_seconds():
         raise FlagError(f"{text!r} is too long a duration; at most {_LONGEST.days}d")
     return timedelta(seconds=seconds)
+
+
+def describe_duration(span: timedelta) -> str:
+    """``span`` as :func:`parse_duration` reads it, in its largest whole unit (``"30d"``)."""
+    seconds = int(span.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def env_flag(

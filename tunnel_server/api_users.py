@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from tunnel_cli import FlagError, parse_duration
+from tunnel_cli import FlagError, describe_duration, parse_duration
 
 from .auth import authenticate, bearer_token, require_admin
 from .config import MAX_API_TOKEN_TTL, MIN_API_TOKEN_TTL
@@ -306,23 +306,19 @@ def _lifetime(ttl: str, longest: timedelta | None) -> timedelta:
     except FlagError as exc:
         raise BadRequestError(f"ttl: {exc}") from exc
     if lifetime < MIN_API_TOKEN_TTL:
-        raise BadRequestError(f"ttl must be at least {_describe(MIN_API_TOKEN_TTL)}, not {shown}")
+        raise BadRequestError(
+            f"ttl must be at least {describe_duration(MIN_API_TOKEN_TTL)}, not {shown}"
+        )
     if longest is not None and lifetime > longest:
         raise BadRequestError(
-            f"ttl must be at most {_describe(longest)} on this server (--max-api-token-ttl), "
-            f"not {shown}"
+            f"ttl must be at most {describe_duration(longest)} on this server "
+            f"(--max-api-token-ttl), not {shown}"
         )
     if lifetime > MAX_API_TOKEN_TTL:
-        raise BadRequestError(f"ttl must be at most {_describe(MAX_API_TOKEN_TTL)}, not {shown}")
+        raise BadRequestError(
+            f"ttl must be at most {describe_duration(MAX_API_TOKEN_TTL)}, not {shown}"
+        )
     return lifetime
-
-
-def _describe(span: timedelta) -> str:
-    seconds = int(span.total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 async def _expiry_of_callers_token(request: web.Request, caller: User) -> datetime | None:

@@ -10,7 +10,14 @@ from pathlib import Path
 
 from protocol import Keepalive
 from protocol.errors import TunnelError
-from tunnel_cli import EVENT_LOOPS, configure_logging, env_flag, parse_duration, run_main
+from tunnel_cli import (
+    EVENT_LOOPS,
+    configure_logging,
+    describe_duration,
+    env_flag,
+    parse_duration,
+    run_main,
+)
 
 from . import __version__
 from .config import (
@@ -194,8 +201,8 @@ def _token_ttl(value: str | None) -> timedelta | None:
     ttl = parse_duration(value)
     if not MIN_API_TOKEN_TTL <= ttl <= MAX_API_TOKEN_TTL:
         raise ConfigError(
-            f"--max-api-token-ttl must be between {MIN_API_TOKEN_TTL.seconds // 60}m and "
-            f"{MAX_API_TOKEN_TTL.days}d, not {value}"
+            f"--max-api-token-ttl must be between {describe_duration(MIN_API_TOKEN_TTL)} and "
+            f"{describe_duration(MAX_API_TOKEN_TTL)}, not {value}"
         )
     return ttl
 
