@@ -409,9 +409,10 @@ class Session:
             if not self.connection.closed:
                 self.connection.send_ping(self._clock())
         elif type(event) is GoAwayReceived and event.code != ErrorCode.NO_ERROR:
+            detail = f": {event.reason}" if event.reason else ""
             self._end(
                 SessionClosedError(
-                    f"the peer closed the connection ({describe_code(event.code)}): {event.reason}"
+                    f"the peer closed the connection ({describe_code(event.code)}){detail}"
                 )
             )
 

@@ -412,4 +412,5 @@ def _audit_view(event: AuditEvent) -> dict[str, Any]:
         "bytes_in": event.bytes_in,
         "bytes_out": event.bytes_out,
         "duration_ms": event.duration_ms,
+        "detail": event.detail,
     }

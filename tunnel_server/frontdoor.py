@@ -125,6 +125,8 @@ class FrontDoor(asyncio.Protocol):
         self._idle_deadline: float | None = None
         self._keep_alive = True
         self._lost = False
+        #: Aborted by the server (at shutdown), not left by the caller.
+        self._aborted = False
 
     # ------------------------------------------------------------ asyncio
 
@@ -189,6 +191,7 @@ class FrontDoor(asyncio.Protocol):
 
     def abort(self) -> asyncio.Task[None] | None:
         """Close at once, dropping unsent data; returns the request task still ending."""
+        self._aborted = True
         if self._transport is not None:
             self._transport.abort()
         return self._task
@@ -277,6 +280,9 @@ class FrontDoor(asyncio.Protocol):
             await self._answer(request, cluster, body, context, exchange, relayed)
         except BaseException as exc:  # noqa: BLE001 - raised again after the clean-up
             failure = exc
+            if isinstance(exc, asyncio.CancelledError) and not exchange.ended:
+                # Only connection_lost cancels a request: the caller left, or the server aborted.
+                exchange.cut_short("the server shut down" if self._aborted else "the caller left")
         # Before any await: a cancellation there must not leave the request held as live.
         release(context, exchange)
         if relayed.uploader is not None:
@@ -320,15 +326,17 @@ class FrontDoor(asyncio.Protocol):
             head_sent = True
             await self._relay_response(response, framing, early, stream, exchange)
         except ProxyRefusal as refusal:
-            exchange.status = refusal.code
+            exchange.refused(refusal)
             if not head_sent:
                 self._answer_status(refusal)
         except ConnectionError:
             # The caller went away mid-response: the relayed request ends too.
             logger.info("the caller left mid-response", extra={"cluster": cluster})
+            exchange.cut_short("the caller left")
         except Exception:
             logger.exception("proxied request failed", extra={"cluster": cluster})
             exchange.status = 500
+            exchange.ended = "the tunnel server failed"
             self._keep_alive = False
             if not head_sent:
                 self._answer_status(
@@ -377,6 +385,7 @@ class FrontDoor(asyncio.Protocol):
                 if not data:
                     break
         except SessionError as exc:
+            exchange.cut_short(exc)
             event = revocation_event(exc, exchange, response.headers, between_events)
             if event is not None and chunked:
                 # Access revoked: the watch ends as the API server ends one, saying why.
@@ -393,6 +402,7 @@ class FrontDoor(asyncio.Protocol):
             return
         if remaining:
             logger.info("the agent's answer ended short of its Content-Length")
+            exchange.cut_short("the agent's answer ended short of its Content-Length")
             out.flush()
             self._abort()
             return

@@ -58,8 +58,12 @@ async def kube_proxy(request: web.Request) -> web.StreamResponse:
         )
         return await _exchange(request, stream, upgrade is not None, has_body, exchange)
     except ProxyRefusal as refusal:
-        exchange.status = refusal.code
+        exchange.refused(refusal)
         return kube_status(refusal.code, refusal.reason, refusal.message)
+    except asyncio.CancelledError:
+        if not exchange.ended:
+            exchange.cut_short("cancelled: the caller left, or the server is shutting down")
+        raise
     finally:
         if stream is not None and stream.error is None and not stream.at_eof:
             stream.reset()
@@ -115,12 +119,14 @@ async def _exchange(
             # without the final chunk, so the client sees the break (kubectl
             # get -w exits with an error; informers list and watch again).
             logger.info("response cut short: %s", exc, extra={"cluster": exchange.cluster})
+            exchange.cut_short(exc)
             if request.transport is not None:
                 request.transport.close()
             return response
         except ConnectionError:
             # The caller went away mid-response: end the relayed request too.
             logger.info("the caller left mid-response", extra={"cluster": exchange.cluster})
+            exchange.cut_short("the caller left")
             stream.reset()
             return response
         with contextlib.suppress(ConnectionError):
@@ -174,6 +180,7 @@ async def _relay_upgraded(
         await tasks[0]
     except (SessionError, ConnectionError) as exc:
         logger.info("upgraded connection ended: %s", exc, extra={"cluster": exchange.cluster})
+        exchange.cut_short(exc if isinstance(exc, SessionError) else "the caller left")
     finally:
         for task in tasks:
             task.cancel()

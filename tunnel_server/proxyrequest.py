@@ -22,7 +22,7 @@ from protocol import kinds
 from protocol.errors import HeaderTooLargeError, LocalProtocolError
 from protocol.http import RequestHead
 from tunnel_kube import parse_api_request, status_body
-from tunnel_mux import MuxStream, SessionError, StreamResetError
+from tunnel_mux import MuxStream, SessionClosedError, SessionError, StreamResetError
 
 from .access import AccessCache
 from .auth import parse_bearer
@@ -52,6 +52,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: The most of :attr:`ProxyExchange.ended` an audit event keeps.
+MAX_ENDED_CHARS = 512
 
 #: Every identity the server asserts in a cluster carries this prefix.
 IDENTITY_PREFIX = "tunnel:"
@@ -105,6 +108,9 @@ class ProxyExchange:
     status: int
     bytes_in: int
     bytes_out: int
+    #: Why the request ended without its whole answer: a refusal's message, or
+    #: what cut the answer short. Empty when it was answered in full.
+    ended: str
     #: The request's stream, while the server's live requests hold it.
     stream: MuxStream | None
 
@@ -118,7 +124,25 @@ class ProxyExchange:
         self.status = 0
         self.bytes_in = 0
         self.bytes_out = 0
+        self.ended = ""
         self.stream = None
+
+    def refused(self, refusal: ProxyRefusal) -> None:
+        """The request is answered with ``refusal``'s status: both go in its audit event."""
+        self.status = refusal.code
+        self.ended = refusal.message
+
+    def cut_short(self, why: str | BaseException) -> None:
+        """The answer began, and ``why`` ended it before its end.
+
+        Access revoked is said as such (the stream's reset says it only as a code).
+        """
+        if isinstance(why, SessionClosedError):
+            why = f"the session with the cluster's agent ended: {why}"
+        elif isinstance(why, SessionError):
+            revoked = _revocation(why)
+            why = f"access revoked: {revoked}" if revoked is not None else f"cut short: {why}"
+        self.ended = str(why)
 
 
 def impersonation_headers(user: User, grant: Grant) -> list[tuple[str, str]]:
@@ -331,6 +355,7 @@ async def finish(context: ServerContext, exchange: ProxyExchange) -> None:
                 exchange.bytes_in,
                 exchange.bytes_out,
                 round(elapsed * 1000),
+                exchange.ended[:MAX_ENDED_CHARS],
             )
         )
 

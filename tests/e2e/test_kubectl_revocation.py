@@ -15,6 +15,7 @@ import re
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,6 +101,52 @@ async def test_ungrant_ends_a_watch_in_progress_at_the_caller_and_at_the_cluster
     again = await tunnel.kubectl.run("get", "pods")
     assert again.returncode != 0
     assert "no grant on cluster prod-eu" in again.stderr
+
+
+async def last_audited(tunnel: Tunnel, verb: str) -> dict[str, Any]:
+    """alice's last proxied request with ``verb`` in the audit trail, once none is in progress."""
+    live = tunnel.server.context.live
+    await until(lambda: not any(live.requests()), max_turns=10**7)
+    status, events = await tunnel.server.api("GET", "/api/v1/audit?kind=proxy&user=alice")
+    assert status == 200
+    return next(event for event in events if event["verb"] == verb)
+
+
+async def test_the_audit_says_access_revoked_ended_the_watch(tunnel: Tunnel) -> None:
+    watch = await watching(tunnel.kubectl, tunnel)
+
+    status, _ = await tunnel.server.api("DELETE", "/api/v1/grants/alice/prod-eu")
+
+    assert status == 200
+    await ended(watch)
+    event = await last_audited(tunnel, "watch")
+    # 200 is what kubectl was answered; the detail says what ended it.
+    assert (event["status"], event["detail"]) == (
+        200,
+        {"ended": "access revoked: user alice no longer has a grant on cluster prod-eu"},
+    )
+    table = await tunnelctl(tunnel, "audit", "--user", "alice", "--kind", "proxy")
+    [heading, *rows] = table.splitlines()
+    assert heading.split()[-1] == "DETAIL"
+    [watch_row] = [row for row in rows if " watch " in row]
+    assert watch_row.endswith(
+        " ended=access revoked: user alice no longer has a grant on cluster prod-eu"
+    )
+
+
+async def test_the_audit_says_access_revoked_ended_the_exec_session(tunnel: Tunnel) -> None:
+    session = await tunnel.kubectl.start("exec", "-i", "demo", "--", "cat", stdin=True)
+    assert session.process.stdin is not None
+    session.process.stdin.write(b"still here\n")
+    assert await session.line() == "still here"
+
+    status, _ = await tunnel.server.api("DELETE", "/api/v1/users/alice/tokens")
+
+    assert status == 200
+    await ended(session)
+    event = await last_audited(tunnel, "exec")
+    assert event["status"] == 101
+    assert event["detail"]["ended"].startswith("access revoked: ")
 
 
 async def test_revoking_a_users_tokens_ends_its_exec_session(tunnel: Tunnel) -> None:

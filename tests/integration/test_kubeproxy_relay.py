@@ -253,6 +253,66 @@ async def test_each_request_is_audited(tunnel: Tunnel) -> None:
     assert all(e["cluster"] == "prod-eu" and e["bytes_out"] > 0 for e in events[:2])
 
 
+async def audited(tunnel: Tunnel) -> list[dict[str, Any]]:
+    """alice's proxied requests in the audit trail, newest first, once none is in progress."""
+    live = tunnel.server.context.live
+    await until(lambda: not any(live.requests()), max_turns=10**7)
+    status, events = await tunnel.server.api("GET", "/api/v1/audit?kind=proxy&user=alice")
+    assert status == 200
+    return list(events)
+
+
+async def test_a_request_answered_in_full_has_no_detail_in_the_audit(tunnel: Tunnel) -> None:
+    got, _ = await tunnel.call("GET", "/api/v1/namespaces/default/pods/missing")
+    assert got == 404  # the API server's answer, however it reads, is an answer
+    [event] = await audited(tunnel)
+    assert (event["status"], event["detail"]) == (404, {})
+
+
+async def test_the_audit_says_why_a_request_was_refused(tunnel: Tunnel) -> None:
+    got, body = await tunnel.call(
+        "GET", "/api/v1/pods", headers={"Impersonate-User": "system:admin"}
+    )
+    assert got == 403
+    [event] = await audited(tunnel)
+    assert (event["status"], event["detail"]) == (403, {"ended": body["message"]})
+
+
+async def test_the_audit_says_the_agent_cut_an_answer_short(tunnel: Tunnel) -> None:
+    async with tunnel.http.get(
+        tunnel.base + "/api/v1/stream",
+        headers={"Authorization": f"Bearer {tunnel.token}"},
+        ssl=client_context(tunnel.server.ca_pem),
+    ) as response:
+        await tunnel.upstream.stream_started.wait()
+        await tunnel.upstream.stream_lines.put(b'{"type":"ADDED"}\n')
+        assert await response.content.readline() == b'{"type":"ADDED"}\n'
+        await tunnel.agent.stop()
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.content.read()
+    [event] = await audited(tunnel)
+    assert event["status"] == 200  # what the caller was answered before the cut
+    assert event["detail"] == {
+        "ended": "the session with the cluster's agent ended: "
+        "the peer closed the connection (CANCEL)"
+    }
+
+
+async def test_the_audit_says_the_caller_left(tunnel: Tunnel) -> None:
+    async with aiohttp.ClientSession() as http:
+        response = await http.get(
+            tunnel.base + "/api/v1/stream",
+            headers={"Authorization": f"Bearer {tunnel.token}"},
+            ssl=client_context(tunnel.server.ca_pem),
+        )
+        await tunnel.upstream.stream_started.wait()
+        await tunnel.upstream.stream_lines.put(b"first\n")
+        assert await response.content.readline() == b"first\n"
+        response.close()
+    [event] = await audited(tunnel)
+    assert (event["status"], event["detail"]) == (200, {"ended": "the caller left"})
+
+
 async def test_non_websocket_upgrade_is_relayed_byte_for_byte(tunnel: Tunnel) -> None:
     """A SPDY/3.1 upgrade (kubectl's older exec and port-forward) passes unchanged.
 

@@ -224,6 +224,19 @@ async def test_a_proxied_request_reads_back_as_a_proxy_event(store: SqliteStore)
     assert stored.id is not None
 
 
+async def test_a_proxied_request_that_ended_short_says_why_in_its_detail(
+    store: SqliteStore,
+) -> None:
+    # SQLite writes the JSON: quotes, backslashes and non-ASCII must come back as given.
+    why = 'access revoked: user "ann" \\ no longer has a grant on cluster prød'
+    whole = proxied(micros(NOW))
+    cut = whole._replace(ended=why)
+    await store.add_proxy_audit([whole, cut, whole, cut, cut])
+    listed = await store.list_audit()
+    ended = {"ended": why}
+    assert [e.detail for e in reversed(listed)] == [{}, ended, {}, ended, ended]
+
+
 async def test_proxied_times_are_stored_as_the_store_writes_every_time(
     store: SqliteStore,
 ) -> None:

@@ -237,6 +237,7 @@ def show_audit(client: ApiClient, args: argparse.Namespace) -> int:
                 ("IN", "bytes_in"),
                 ("OUT", "bytes_out"),
                 ("MS", "duration_ms"),
+                ("DETAIL", "detail"),
             ],
         )
     return 0

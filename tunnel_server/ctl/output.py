@@ -35,4 +35,6 @@ def _cell(value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, list):
         return ",".join(str(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return " ".join(f"{key}={_cell(item)}" for key, item in value.items()) or "-"
     return str(value)

@@ -195,10 +195,11 @@ class AuditEvent:
 class ProxyAuditRecord(NamedTuple):
     """One proxied request's audit event, as the proxy records it.
 
-    Stored as an :class:`AuditEvent` of kind ``proxy`` with an empty detail,
-    and read back as one. A tuple, not an :class:`AuditEvent`, because one is
-    made for every proxied request on the event loop: it costs a fifth as
-    much to make, and the store turns ``time_us`` into text itself.
+    Stored as an :class:`AuditEvent` of kind ``proxy``, and read back as one;
+    its detail is empty, or ``{"ended": ended}`` when ``ended`` is not. A
+    tuple, not an :class:`AuditEvent`, because one is made for every proxied
+    request on the event loop: it costs a fifth as much to make, and the
+    store turns ``time_us`` and ``ended`` into text itself.
     """
 
     #: When the request ended, in microseconds since the epoch (UTC).
@@ -211,6 +212,8 @@ class ProxyAuditRecord(NamedTuple):
     bytes_in: int
     bytes_out: int
     duration_ms: int
+    #: Why it ended without its whole answer (a refusal, a cut), or empty.
+    ended: str = ""
 
 
 # --- Errors -------------------------------------------------------------------
