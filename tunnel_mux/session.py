@@ -273,16 +273,22 @@ class Session:
                 await asyncio.wait_for(asyncio.shield(writer), FLUSH_GRACE)
 
     async def _tear_down(self, loops: set[asyncio.Task[None]]) -> None:
-        for task in loops:
-            task.cancel()
-        results = await asyncio.gather(*loops, return_exceptions=True)
-        self._end(self._first_error(results))
-        for handler in self._handler_tasks:
-            handler.cancel()
-        await asyncio.gather(*self._handler_tasks, return_exceptions=True)
-        with contextlib.suppress(TransportClosed, OSError):
-            await self._transport.close(self.close_reason or "")
-        self._closed.set()
+        try:
+            for task in loops:
+                task.cancel()
+            results = await asyncio.gather(*loops, return_exceptions=True)
+            self._end(self._first_error(results))
+            for handler in self._handler_tasks:
+                handler.cancel()
+            await asyncio.gather(*self._handler_tasks, return_exceptions=True)
+            with contextlib.suppress(TransportClosed, OSError):
+                await self._transport.close(self.close_reason or "")
+        finally:
+            # Also when cancelled midway (its socket's handler is, when the
+            # connection drops while the close waits for the peer's reply):
+            # close() and shutdown() wait for this, and would wait forever.
+            self._end(None)
+            self._closed.set()
 
     # ------------------------------------------------------------------ loops
 

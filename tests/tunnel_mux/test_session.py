@@ -213,6 +213,37 @@ async def test_silent_peer_is_detected_by_keepalive() -> None:
     assert server.close_reason is not None
 
 
+class ClosingForever(MemoryTransport):
+    """A socket whose close waits for a peer that never answers (a dead link)."""
+
+    closing: asyncio.Future[None]
+
+    async def close(self, reason: str = "") -> None:
+        self.closing = asyncio.get_running_loop().create_future()
+        await asyncio.Event().wait()
+
+
+async def test_close_returns_when_the_sessions_task_is_cancelled_during_its_tear_down() -> None:
+    # The server's socket handler is cancelled when the connection drops while
+    # the close waits for the peer: whoever waits in close() (an agent being
+    # replaced, the server's shutdown) must not wait forever.
+    client_transport, server_transport = transport_pair()
+    transport = ClosingForever(server_transport._inbox, server_transport._outbox)
+    server = Session(transport, Connection(Side.SERVER))
+    client = Session(client_transport, Connection(Side.CLIENT))
+    runs = [asyncio.create_task(server.run()), asyncio.create_task(client.run())]
+    await server.wait_ready()
+    closing = asyncio.create_task(server.close())
+    await until(lambda: hasattr(transport, "closing"), max_turns=10_000)
+
+    runs[0].cancel()
+
+    await asyncio.wait_for(closing, 5)  # returns at once; without the fix, never
+    assert server.close_reason is not None
+    await client.close()
+    await asyncio.gather(*runs, return_exceptions=True)
+
+
 async def test_read_ready_says_whether_read_would_answer_at_once() -> None:
     async def send_then_end(stream: MuxStream) -> None:
         await stream.write(b"hello")
