@@ -359,6 +359,17 @@ class Connection:
         self._outbox.control.append((PingFrame(opaque), 24))
         return opaque
 
+    def probe(self, now: float) -> bool:
+        """New work depends on the peer: PING it if it has been quiet (see :class:`Keepalive`).
+
+        Call after opening a stream or queuing a message. True when a PING was
+        queued; :meth:`deadline` may then be earlier than it was.
+        """
+        if self.state is not ConnectionState.OPEN or not self._liveness.probe_due(now):
+            return False
+        self._liveness.probe_ping = self.send_ping(now)
+        return True
+
     def goaway(self, code: int = ErrorCode.NO_ERROR, reason: str = "") -> None:
         """Accept no new streams from the peer; open ones may finish."""
         check_code(code)

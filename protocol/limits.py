@@ -148,11 +148,21 @@ def _problems(limits: Limits) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Keepalive:
-    """When to ping an idle peer, and how long to wait for its PONG (seconds)."""
+    """When to ping a peer, and how long to wait for its PONG (seconds).
+
+    ``interval`` and ``timeout``: a peer quiet for ``interval`` is pinged, and
+    must answer within ``timeout``. ``probe_after`` and ``probe_timeout``: new
+    work for a peer quiet for ``probe_after`` (a stream opened, a message sent)
+    sends a PING with it, which must be answered within ``probe_timeout``, so
+    that work is not left waiting on a dead link for the whole keepalive
+    (docs/protocol.md, "Liveness").
+    """
 
     interval: float = 15.0
     timeout: float = 15.0
+    probe_after: float = 1.0
+    probe_timeout: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.interval <= 0 or self.timeout <= 0:
-            raise ValueError("keepalive interval and timeout must be positive")
+        if min(self.interval, self.timeout, self.probe_after, self.probe_timeout) <= 0:
+            raise ValueError("keepalive intervals and timeouts must be positive")

@@ -4,7 +4,8 @@ A :class:`Liveness` belongs to one :class:`~protocol.connection.Connection`.
 It remembers the PINGs in flight, and when the peer was last heard from, and
 says when the connection must next be ticked and whether the peer missed its
 deadline (docs/protocol.md, "Liveness"): no HELLO within the keepalive
-timeout, or no PONG to the keepalive PING within it. Time enters as ``now``
+timeout, no PONG to the keepalive PING within it, or none to the probe (a PING
+sent with new work for a quiet peer) within its own. Time enters as ``now``
 arguments; nothing here reads a clock. The connection queues the frames and
 fails itself; this only keeps the books.
 """
@@ -23,12 +24,22 @@ MAX_OUTSTANDING_PINGS = 64
 class Liveness:
     """The PINGs in flight and the keepalive clock of one connection."""
 
-    __slots__ = ("_next_ping", "_pings", "_started", "keepalive", "keepalive_ping", "last_received")
+    __slots__ = (
+        "_next_ping",
+        "_pings",
+        "_started",
+        "keepalive",
+        "keepalive_ping",
+        "last_received",
+        "probe_ping",
+    )
 
     def __init__(self, keepalive: Keepalive) -> None:
         self.keepalive = keepalive
         #: The PING sent because the peer was quiet, while it is unanswered.
         self.keepalive_ping: int | None = None
+        #: The PING sent with new work for a quiet peer, while it is unanswered.
+        self.probe_ping: int | None = None
         #: When the last message from the peer arrived.
         self.last_received: float | None = None
         self._pings: dict[int, float] = {}
@@ -40,10 +51,14 @@ class Liveness:
         if handshake:
             return None if self._started is None else self._started + self.keepalive.timeout
         if self.keepalive_ping is not None and self.keepalive_ping in self._pings:
-            return self._pings[self.keepalive_ping] + self.keepalive.timeout
-        if self.last_received is None:
+            deadline = self._pings[self.keepalive_ping] + self.keepalive.timeout
+        elif self.last_received is None:
             return None
-        return self.last_received + self.keepalive.interval
+        else:
+            deadline = self.last_received + self.keepalive.interval
+        if self.probe_ping is not None and self.probe_ping in self._pings:
+            deadline = min(deadline, self._pings[self.probe_ping] + self.keepalive.probe_timeout)
+        return deadline
 
     def ping(self, now: float) -> int:
         """Remember a PING sent at ``now``; return its opaque value."""
@@ -78,7 +93,29 @@ class Liveness:
                 self.keepalive_ping = None
             elif now - sent >= timeout:
                 return KeepaliveTimeoutError(f"the peer did not answer a PING within {timeout:g}s")
+        if self.probe_ping is not None:
+            sent = self._pings.get(self.probe_ping)
+            probe_timeout = self.keepalive.probe_timeout
+            if sent is None:
+                self.probe_ping = None
+            elif now - sent >= probe_timeout:
+                return KeepaliveTimeoutError(
+                    f"the peer did not answer a PING within {probe_timeout:g}s "
+                    f"(sent with new work after {self.keepalive.probe_after:g}s or more "
+                    "without a message from it)"
+                )
         return None
+
+    def probe_due(self, now: float) -> bool:
+        """True when new work should carry a PING: the peer was quiet, and none is out for it."""
+        if self.probe_ping is not None:
+            if self.probe_ping in self._pings:
+                return False
+            self.probe_ping = None  # answered
+        return (
+            self.last_received is not None
+            and now - self.last_received >= self.keepalive.probe_after
+        )
 
     def keepalive_due(self, now: float) -> bool:
         """True when the peer has been quiet for the interval and no keepalive PING is out."""

@@ -113,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(
         run,
+        "--keepalive-probe-timeout",
+        env + "KEEPALIVE_PROBE_TIMEOUT",
+        default="5s",
+        help="reconnect if the ping sent with a message after a second of silence "
+        "is not answered within this",
+    )
+    env_flag(
+        run,
         "--read-only",
         env + "READ_ONLY",
         action="store_true",
@@ -216,6 +224,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
             keepalive=Keepalive(
                 interval=parse_duration(args.keepalive_interval).total_seconds(),
                 timeout=parse_duration(args.keepalive_timeout).total_seconds(),
+                probe_timeout=parse_duration(args.keepalive_probe_timeout).total_seconds(),
             ),
         ),
     )

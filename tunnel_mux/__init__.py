@@ -6,7 +6,7 @@ server). It gives each stream an async reader/writer with backpressure. It
 depends on ``protocol`` and asyncio; the agent and the server both build on it.
 """
 
-from .errors import SessionClosedError, SessionError, StreamResetError
+from .errors import SessionClosedError, SessionError, SessionTimeoutError, StreamResetError
 from .session import Session, SessionHandlers
 from .stream import MuxStream
 from .transport import MessageTransport, TransportClosed
@@ -19,6 +19,7 @@ __all__ = [
     "SessionClosedError",
     "SessionError",
     "SessionHandlers",
+    "SessionTimeoutError",
     "StreamResetError",
     "TransportClosed",
     "WebSocketTransport",

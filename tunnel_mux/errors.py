@@ -3,6 +3,7 @@
 TunnelError                   (protocol.errors)
 └── SessionError
     ├── SessionClosedError    the session ended; its streams with it
+    │   └── SessionTimeoutError   the peer stopped answering (no PONG in time)
     └── StreamResetError      the stream was reset (code, reason, by whom)
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from protocol.errors import TunnelError, describe_code
 
-__all__ = ["SessionClosedError", "SessionError", "StreamResetError"]
+__all__ = ["SessionClosedError", "SessionError", "SessionTimeoutError", "StreamResetError"]
 
 
 class SessionError(TunnelError):
@@ -19,6 +20,10 @@ class SessionError(TunnelError):
 
 class SessionClosedError(SessionError):
     """The session has ended (the socket closed, GOAWAY with an error, a timeout)."""
+
+
+class SessionTimeoutError(SessionClosedError):
+    """The peer did not answer a PING in time: its link or its process is gone silent."""
 
 
 class StreamResetError(SessionError):

@@ -26,6 +26,7 @@ from protocol import (
     Event,
     GoAwayReceived,
     HandshakeCompleted,
+    KeepaliveTimeoutError,
     MessageReceived,
     PongReceived,
     ProtocolError,
@@ -36,7 +37,7 @@ from protocol import (
 )
 from protocol.errors import describe_code
 
-from .errors import SessionClosedError, SessionError, StreamResetError
+from .errors import SessionClosedError, SessionError, SessionTimeoutError, StreamResetError
 from .stream import MuxStream
 from .transport import MessageTransport, TransportClosed
 
@@ -98,6 +99,9 @@ class Session:
         # Event costs more, and _kick runs for every write and acknowledgement).
         self._kicked = True  # the HELLO is already queued
         self._writer_waiter: asyncio.Future[None] | None = None
+        # The timer loop's sleep, while it sleeps: a PING sent with new work
+        # (Connection.probe) may need it to wake before it would.
+        self._timer_waiter: asyncio.Future[None] | None = None
         # One sender at a time: the writer sleeps while a task in send_if_due
         # sends, and send_if_due does nothing while the writer sends.
         self._sending_early = False
@@ -165,6 +169,7 @@ class Session:
         if end_stream:
             stream._write_closed = True
         self._track(stream)
+        self._probe()
         self._kick()
         return stream
 
@@ -212,6 +217,7 @@ class Session:
         if self._ended.is_set():
             raise SessionClosedError(self.close_reason or "the session has ended")
         self.connection.send_message(kind, body)
+        self._probe()
         self._kick()
 
     async def ping(self) -> float:
@@ -359,7 +365,8 @@ class Session:
                 connection.tick(self._clock())
             except ProtocolError as exc:
                 logger.warning("%s: %s", self.label, exc)
-                self._end(SessionClosedError(str(exc)))
+                timed_out = isinstance(exc, KeepaliveTimeoutError)
+                self._end((SessionTimeoutError if timed_out else SessionClosedError)(str(exc)))
                 self._kick()
                 return
             if connection.wants_to_send:
@@ -369,7 +376,25 @@ class Session:
             deadline = connection.deadline()
             now = self._clock()
             interval = connection.keepalive.interval
-            await asyncio.sleep(interval if deadline is None else max(deadline - now, 0.0))
+            await self._sleep(interval if deadline is None else max(deadline - now, 0.0))
+
+    async def _sleep(self, delay: float) -> None:
+        """The timer loop's sleep, which :meth:`_probe` cuts short."""
+        loop = asyncio.get_running_loop()
+        waiter = self._timer_waiter = loop.create_future()
+        handle = loop.call_later(delay, _wake, waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            handle.cancel()
+            raise
+        handle.cancel()
+        self._timer_waiter = None
+
+    def _probe(self) -> None:
+        """New work depends on the peer: if it has been quiet, PING it and watch the deadline."""
+        if self.connection.probe(self._clock()) and self._timer_waiter is not None:
+            _wake(self._timer_waiter)
 
     # ------------------------------------------------------------- dispatching
 
@@ -563,3 +588,8 @@ class Session:
                 logger.error("session task failed", exc_info=result)
                 return SessionClosedError(f"internal error: {result!r}")
         return None
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -107,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(
         serve,
+        "--keepalive-probe-timeout",
+        env + "KEEPALIVE_PROBE_TIMEOUT",
+        default="5s",
+        help="drop an agent that does not answer within this the ping sent with a request "
+        "after a second of silence (a request fails fast on a link gone dead)",
+    )
+    env_flag(
+        serve,
         "--shutdown-grace",
         env + "SHUTDOWN_GRACE",
         default="30s",
@@ -182,6 +190,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             keepalive=Keepalive(
                 interval=parse_duration(args.keepalive_interval).total_seconds(),
                 timeout=parse_duration(args.keepalive_timeout).total_seconds(),
+                probe_timeout=parse_duration(args.keepalive_probe_timeout).total_seconds(),
             ),
             shutdown_grace=parse_duration(args.shutdown_grace).total_seconds(),
             max_requests_per_user=_positive(args.max_requests_per_user, "--max-requests-per-user"),

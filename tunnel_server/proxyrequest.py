@@ -22,7 +22,13 @@ from protocol import kinds
 from protocol.errors import HeaderTooLargeError, LocalProtocolError
 from protocol.http import RequestHead
 from tunnel_kube import parse_api_request, status_body
-from tunnel_mux import MuxStream, SessionClosedError, SessionError, StreamResetError
+from tunnel_mux import (
+    MuxStream,
+    SessionClosedError,
+    SessionError,
+    SessionTimeoutError,
+    StreamResetError,
+)
 
 from .access import AccessCache
 from .auth import parse_bearer
@@ -376,6 +382,15 @@ def dropped_refusal(error: SessionError, cluster: str) -> ProxyRefusal:
     revoked = _revocation(error)
     if revoked is not None:
         return ProxyRefusal(403, "Forbidden", f"access revoked: {revoked}")
+    if isinstance(error, SessionTimeoutError):
+        # A link gone dead without a word: the probe sent with this request
+        # found it (Keepalive.probe_timeout). The agent reconnects on its own.
+        return ProxyRefusal(
+            503,
+            "ServiceUnavailable",
+            f"the agent of cluster {cluster} stopped answering ({error}); "
+            "its session was closed and the agent reconnects on its own: retry shortly",
+        )
     return ProxyRefusal(502, "BadGateway", f"cluster {cluster} dropped the request: {error}")
 
 

@@ -59,12 +59,24 @@ class ConnectProxy:
     intercepted: int = 0
     interception_failures: list[str] = field(default_factory=list)
     _server: asyncio.Server | None = field(default=None, repr=False)
+    _pipes: list[_Pipe] = field(default_factory=list, repr=False)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
 
     def url(self, user: str | None = None, password: str | None = None) -> str:
         """The proxy URL for HTTPS_PROXY, with ``user:password@`` when given."""
         userinfo = f"{user}:{password}@" if user is not None else ""
         return f"http://{userinfo}127.0.0.1:{self.port}"
+
+    def blackhole(self) -> int:
+        """The tunnels open now go dead without a word; returns how many.
+
+        Their bytes are read and dropped both ways, and neither end is closed
+        or told, as when a NAT or firewall forgets a flow. Tunnels opened
+        after this pass bytes as usual.
+        """
+        for pipe in self._pipes:
+            pipe.dropping = True
+        return len(self._pipes)
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0, limit=MAX_HEAD)
@@ -74,6 +86,12 @@ class ConnectProxy:
         """Stop listening and drop every connection still open."""
         if self._server is not None:
             self._server.close()
+        # Tunnels still open end as their sockets go (a cancelled connection
+        # task would be logged as an error by asyncio's start_server).
+        for pipe in self._pipes:
+            for stream in pipe.streams:
+                stream.transport.abort()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -141,7 +159,14 @@ class ConnectProxy:
         streams.append(upstream)
         writer.write(_ESTABLISHED)
         await writer.drain()
-        await asyncio.gather(_pump(reader, upstream), _pump(upstream_reader, writer))
+        pipe = _Pipe(streams=[writer, upstream])
+        self._pipes.append(pipe)
+        try:
+            await asyncio.gather(
+                _pump(reader, upstream, pipe), _pump(upstream_reader, writer, pipe)
+            )
+        finally:
+            self._pipes.remove(pipe)
 
     async def _intercept(self, writer: asyncio.StreamWriter, context: ssl.SSLContext) -> None:
         # A TLS-inspecting proxy presents its own certificate for the target;
@@ -153,13 +178,23 @@ class ConnectProxy:
             self.interception_failures.append(repr(exc))
 
 
-async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-    """Copy bytes until end of file, then pass the end of file on."""
+@dataclass
+class _Pipe:
+    """One tunnel's two pumps; ``dropping`` once it is made a black hole."""
+
+    streams: list[asyncio.StreamWriter]
+    dropping: bool = False
+
+
+async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter, pipe: _Pipe) -> None:
+    """Copy bytes until end of file, then pass the end of file on (unless dropping)."""
     try:
         while data := await source.read(64 * 1024):
+            if pipe.dropping:
+                continue
             sink.write(data)
             await sink.drain()
-        if sink.can_write_eof():
+        if sink.can_write_eof() and not pipe.dropping:
             sink.write_eof()
     except OSError:
         sink.close()

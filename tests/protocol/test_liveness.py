@@ -168,3 +168,81 @@ def test_a_peer_flooding_pings_is_cut_off() -> None:
 def test_keepalive_settings_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         Keepalive(interval=0)
+
+
+PROBING = Keepalive(interval=20.0, timeout=10.0, probe_after=1.0, probe_timeout=2.0)
+
+
+def test_new_work_for_a_quiet_peer_sends_a_ping_with_it() -> None:
+    client = handshaken(Side.CLIENT, keepalive=PROBING, now=0.0)
+    client.tick(0.0)
+
+    client.open_stream("http")
+    assert not client.probe(0.9)  # heard from 0.9 s ago: no doubt yet
+    assert [type(f).__name__ for f in sent_frames(client)] == ["OpenFrame"]
+
+    client.open_stream("http")
+    assert client.probe(1.0)
+
+    # The PING follows the OPEN: its PONG says the peer has the stream too.
+    assert [type(f).__name__ for f in sent_frames(client)] == ["OpenFrame", "PingFrame"]
+    assert client.deadline() == 1.0 + 2.0  # the probe's, well before the keepalive's 20.0
+
+
+def test_a_probe_not_answered_in_time_fails_the_connection() -> None:
+    client = handshaken(Side.CLIENT, keepalive=PROBING, now=0.0)
+    client.tick(0.0)
+    client.open_stream("http")
+    client.probe(5.0)
+    sent_frames(client)
+    client.tick(6.9)
+
+    with pytest.raises(KeepaliveTimeoutError, match="within 2s") as error:
+        client.tick(7.0)
+
+    assert error.value.code is ErrorCode.TIMEOUT
+    [goaway] = sent_frames(client)
+    assert isinstance(goaway, GoAwayFrame)
+    assert goaway.code == ErrorCode.TIMEOUT
+
+
+def test_a_probe_answered_in_time_keeps_the_connection_and_its_keepalive() -> None:
+    client = handshaken(Side.CLIENT, keepalive=PROBING, now=0.0)
+    client.tick(0.0)
+    client.probe(5.0)
+    [ping] = sent_frames(client)
+    assert isinstance(ping, PingFrame)
+
+    assert feed(client, PongFrame(ping.opaque), now=6.5) == [PongReceived(ping.opaque, 1.5)]
+
+    client.tick(7.0)
+    assert not client.closed
+    assert client.deadline() == 6.5 + 20.0  # back to the keepalive's clock
+
+
+def test_one_probe_at_a_time_and_none_while_the_peer_talks() -> None:
+    client = handshaken(Side.CLIENT, keepalive=PROBING, now=0.0)
+    client.tick(0.0)
+    assert client.probe(5.0)
+    assert not client.probe(5.5)  # one already out
+    [ping] = sent_frames(client)
+    assert isinstance(ping, PingFrame)
+    feed(client, PongFrame(ping.opaque), now=6.0)
+
+    assert not client.probe(6.9)  # just heard from
+    assert client.probe(7.0)
+    assert [type(f) for f in sent_frames(client)] == [PingFrame]
+
+
+def test_no_probe_before_the_handshake_or_after_the_end() -> None:
+    fresh = Connection(Side.CLIENT, keepalive=PROBING)
+    assert not fresh.probe(100.0)
+    ended = handshaken(Side.CLIENT, keepalive=PROBING, now=0.0)
+    ended.close()
+    assert not ended.probe(100.0)
+
+
+@pytest.mark.parametrize("field", ["probe_after", "probe_timeout"])
+def test_probe_settings_must_be_positive(field: str) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Keepalive(**{field: 0.0})

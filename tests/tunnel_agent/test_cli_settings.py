@@ -178,6 +178,15 @@ AGENT_FLAGS = [
         0.25,
     ),
     FlagCase(
+        "--keepalive-probe-timeout",
+        "TUNNEL_AGENT_KEEPALIVE_PROBE_TIMEOUT",
+        "3s",
+        "750ms",
+        lambda a, s: s.connect.keepalive.probe_timeout,
+        3.0,
+        0.75,
+    ),
+    FlagCase(
         "--log-format",
         "TUNNEL_AGENT_LOG_FORMAT",
         "json",

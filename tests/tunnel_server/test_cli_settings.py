@@ -132,6 +132,15 @@ SERVER_FLAGS = [
         0.5,
     ),
     FlagCase(
+        "--keepalive-probe-timeout",
+        "TUNNEL_SERVER_KEEPALIVE_PROBE_TIMEOUT",
+        "3s",
+        "750ms",
+        lambda a, s: s.tunnel.keepalive.probe_timeout,
+        3.0,
+        0.75,
+    ),
+    FlagCase(
         "--shutdown-grace",
         "TUNNEL_SERVER_SHUTDOWN_GRACE",
         "5s",
@@ -305,6 +314,7 @@ def test_tls_cert_and_key_go_together(flag: str) -> None:
         "--max-api-token-ttl",
         "--keepalive-interval",
         "--keepalive-timeout",
+        "--keepalive-probe-timeout",
         "--shutdown-grace",
     ],
 )

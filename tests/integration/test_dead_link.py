@@ -1,0 +1,157 @@
+"""A request does not wait out the keepalive on a link that went dead without a word.
+
+A NAT or firewall that forgets the agent's flow closes nothing: the server's
+socket stays open and the agent's bytes stop coming. A request sent then would
+wait on the keepalive (a PING after 15 s of silence, 15 s for its PONG): the
+20-30 s hang users know from other tunnels. The server sends a PING with the
+request instead, and drops the agent when that one goes unanswered.
+
+A real server and agent, the agent's socket through a CONNECT proxy on loopback
+that can turn every tunnel open into a black hole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from protocol import Keepalive, kinds
+from tunnel_agent.kubeproxy import KubeProxy
+from tunnel_agent.policy import ProxyPolicy
+from tunnel_agent.router import StreamRouter
+from tunnel_pki.tls import client_context
+
+from ..support import until
+from .harness import RunningServer, agent_settings, running_agent, running_server, server_settings
+from .proxies import ConnectProxy, running_proxy
+from .test_kubeproxy_relay import agent_kube_api
+from .upstream import running_upstream
+
+#: A keepalive that cannot be what ends these requests, and a short probe.
+SERVER_KEEPALIVE = Keepalive(interval=60.0, timeout=60.0, probe_after=0.05, probe_timeout=0.5)
+#: The agent notices the dead link by its own keepalive, and dials again: later
+#: than the server's probe, so that the request meets the dead link.
+AGENT_KEEPALIVE = Keepalive(interval=2.0, timeout=2.0)
+
+
+@dataclass
+class Link:
+    server: RunningServer
+    proxy: ConnectProxy
+    token: str
+    http: aiohttp.ClientSession
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        async with self.http.get(
+            f"{self.server.url}/k8s/clusters/prod-eu{path}",
+            headers={"Authorization": f"Bearer {self.token}"},
+            ssl=client_context(self.server.ca_pem),
+        ) as response:
+            return response.status, await response.json()
+
+    def agent_session(self) -> Any:
+        registered = self.server.context.registry.get("prod-eu")
+        return None if registered is None else registered.session
+
+
+@pytest.fixture(autouse=True)
+def no_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.lower().endswith("_proxy"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+async def link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Link]:
+    settings = server_settings(tmp_path / "state")
+    settings = dataclasses.replace(
+        settings, tunnel=dataclasses.replace(settings.tunnel, keepalive=SERVER_KEEPALIVE)
+    )
+    async with running_server(settings) as server:
+        bootstrap = await server.add_cluster("prod-eu")
+        status, user = await server.api("POST", "/api/v1/users", {"name": "alice"})
+        assert status == 201
+        status, _ = await server.api("PUT", "/api/v1/grants/alice/prod-eu", {})
+        assert status == 200
+        async with running_upstream() as upstream, running_proxy() as proxy:
+            monkeypatch.setenv("HTTPS_PROXY", proxy.url())
+            api = agent_kube_api(upstream)
+            kube = KubeProxy(api, ProxyPolicy())
+            router = StreamRouter()
+            router.add(kinds.STREAM_HTTP, kube.handle)
+            agent = agent_settings(
+                server, "prod-eu", bootstrap, tmp_path / "creds", keepalive=AGENT_KEEPALIVE
+            )
+            async with running_agent(agent, on_stream=router) as running:
+                await running.wait_connected()
+                await until(lambda: server.context.registry.get("prod-eu") is not None)
+                async with aiohttp.ClientSession() as http:
+                    yield Link(server, proxy, user["token"], http)
+            await kube.close()
+            await api.close()
+
+
+async def quiet_for_the_probe(link: Link) -> None:
+    """Until the server has heard nothing from the agent for ``probe_after``."""
+    session = link.agent_session()
+    assert session is not None
+    liveness = session.connection._liveness
+
+    def quiet() -> bool:
+        last = liveness.last_received
+        return last is not None and session._clock() - last >= SERVER_KEEPALIVE.probe_after
+
+    await until(quiet, max_turns=10**8)
+
+
+async def test_a_request_on_a_dead_link_fails_fast_with_503_saying_why(link: Link) -> None:
+    status, _ = await link.get("/api/v1/namespaces/default/pods/p")
+    assert status == 200  # the link works
+    assert link.proxy.blackhole() == 1
+    await quiet_for_the_probe(link)
+    session = link.agent_session()
+
+    status, body = await link.get("/api/v1/namespaces/default/pods/p")
+
+    # Well within the keepalive's 60 + 60 s: the PING sent with the request found it.
+    assert status == 503
+    assert body["reason"] == "ServiceUnavailable"
+    assert body["message"].startswith("the agent of cluster prod-eu stopped answering")
+    assert "did not answer a PING within 0.5s" in body["message"]
+    assert session.close_reason is not None
+    assert "within 0.5s" in session.close_reason
+
+
+async def test_after_a_dead_link_the_agent_dials_again_and_requests_work(link: Link) -> None:
+    link.proxy.blackhole()
+    await quiet_for_the_probe(link)
+    status, _ = await link.get("/api/v1/namespaces/default/pods/p")
+    assert status == 503
+
+    # The agent notices by its own keepalive, and dials again through the proxy.
+    await until(lambda: len(link.proxy.connects) >= 2, max_turns=10**8)
+    await until(lambda: link.agent_session() is not None, max_turns=10**8)
+
+    status, body = await link.get("/api/v1/namespaces/default/pods/p")
+    assert status == 200, body
+
+
+async def test_a_request_on_a_live_but_quiet_link_is_answered(link: Link) -> None:
+    await quiet_for_the_probe(link)
+    session = link.agent_session()
+    rtt_before = session.connection.rtt
+
+    status, _ = await link.get("/api/v1/namespaces/default/pods/p")
+
+    assert status == 200
+    # The probe went out with the request and its PONG came back: the session stays.
+    await until(lambda: session.connection.rtt != rtt_before, max_turns=10**7)
+    assert link.agent_session() is session
+    assert session.close_reason is None
