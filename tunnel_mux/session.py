@@ -293,6 +293,9 @@ class Session:
             # Also when cancelled midway (its socket's handler is, when the
             # connection drops while the close waits for the peer's reply):
             # close() and shutdown() wait for this, and would wait forever.
+            # Nothing the session started outlives it, awaited or not.
+            for task in (*loops, *self._handler_tasks):
+                task.cancel()
             self._end(None)
             self._closed.set()
 

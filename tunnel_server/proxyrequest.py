@@ -136,7 +136,7 @@ class ProxyExchange:
     def refused(self, refusal: ProxyRefusal) -> None:
         """The request is answered with ``refusal``'s status: both go in its audit event."""
         self.status = refusal.code
-        self.ended = refusal.message
+        self.ended = _printable(refusal.message)
 
     def cut_short(self, why: str | BaseException) -> None:
         """The answer began, and ``why`` ended it before its end.
@@ -148,7 +148,18 @@ class ProxyExchange:
         elif isinstance(why, SessionError):
             revoked = _revocation(why)
             why = f"access revoked: {revoked}" if revoked is not None else f"cut short: {why}"
-        self.ended = str(why)
+        self.ended = _printable(str(why))
+
+
+def _printable(text: str) -> str:
+    """``text`` bounded, and without the control characters an agent's reason may carry.
+
+    The audit trail is read in terminals (``tunnelctl audit``): a newline or an
+    escape sequence from an agent, which the server does not trust, must not
+    draw rows of its own.
+    """
+    text = text[:MAX_ENDED_CHARS]
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
 
 
 def impersonation_headers(user: User, grant: Grant) -> list[tuple[str, str]]:
@@ -361,7 +372,7 @@ async def finish(context: ServerContext, exchange: ProxyExchange) -> None:
                 exchange.bytes_in,
                 exchange.bytes_out,
                 round(elapsed * 1000),
-                exchange.ended[:MAX_ENDED_CHARS],
+                exchange.ended,
             )
         )
 

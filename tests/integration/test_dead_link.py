@@ -12,6 +12,7 @@ that can turn every tunnel open into a black hole.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 from collections.abc import AsyncIterator
@@ -35,10 +36,12 @@ from .test_kubeproxy_relay import agent_kube_api
 from .upstream import running_upstream
 
 #: A keepalive that cannot be what ends these requests, and a short probe.
-SERVER_KEEPALIVE = Keepalive(interval=60.0, timeout=60.0, probe_after=0.05, probe_timeout=0.5)
+SERVER_KEEPALIVE = Keepalive(interval=60.0, timeout=60.0, probe_after=0.05, probe_timeout=2.0)
 #: The agent notices the dead link by its own keepalive, and dials again: later
 #: than the server's probe, so that the request meets the dead link.
-AGENT_KEEPALIVE = Keepalive(interval=2.0, timeout=2.0)
+AGENT_KEEPALIVE = Keepalive(interval=4.0, timeout=4.0)
+#: An agent that never pings during a test: the server's probe is all there is.
+QUIET_AGENT = Keepalive(interval=60.0, timeout=60.0)
 
 
 @dataclass
@@ -69,7 +72,10 @@ def no_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-async def link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Link]:
+async def link(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Link]:
+    """``request.param``: the agent's keepalive (AGENT_KEEPALIVE by default)."""
     settings = server_settings(tmp_path / "state")
     settings = dataclasses.replace(
         settings, tunnel=dataclasses.replace(settings.tunnel, keepalive=SERVER_KEEPALIVE)
@@ -87,7 +93,11 @@ async def link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
             router = StreamRouter()
             router.add(kinds.STREAM_HTTP, kube.handle)
             agent = agent_settings(
-                server, "prod-eu", bootstrap, tmp_path / "creds", keepalive=AGENT_KEEPALIVE
+                server,
+                "prod-eu",
+                bootstrap,
+                tmp_path / "creds",
+                keepalive=getattr(request, "param", AGENT_KEEPALIVE),
             )
             async with running_agent(agent, on_stream=router) as running:
                 await running.wait_connected()
@@ -117,16 +127,21 @@ async def test_a_request_on_a_dead_link_fails_fast_with_503_saying_why(link: Lin
     assert link.proxy.blackhole() == 1
     await quiet_for_the_probe(link)
     session = link.agent_session()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
 
     status, body = await link.get("/api/v1/namespaces/default/pods/p")
 
-    # Well within the keepalive's 60 + 60 s: the PING sent with the request found it.
+    # Not the keepalive (its PING would go out only after 60 s of silence): the
+    # PING sent with the request found the dead link, and woke the session's
+    # timer for its 2 s deadline.
+    assert loop.time() - started < SERVER_KEEPALIVE.interval / 2
     assert status == 503
     assert body["reason"] == "ServiceUnavailable"
     assert body["message"].startswith("the agent of cluster prod-eu stopped answering")
-    assert "did not answer a PING within 0.5s" in body["message"]
+    assert "did not answer a PING within 2s" in body["message"]
     assert session.close_reason is not None
-    assert "within 0.5s" in session.close_reason
+    assert "within 2s" in session.close_reason
 
 
 async def test_after_a_dead_link_the_agent_dials_again_and_requests_work(link: Link) -> None:
@@ -143,6 +158,7 @@ async def test_after_a_dead_link_the_agent_dials_again_and_requests_work(link: L
     assert status == 200, body
 
 
+@pytest.mark.parametrize("link", [QUIET_AGENT], indirect=True)
 async def test_a_request_on_a_live_but_quiet_link_is_answered(link: Link) -> None:
     await quiet_for_the_probe(link)
     session = link.agent_session()

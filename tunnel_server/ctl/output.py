@@ -37,4 +37,7 @@ def _cell(value: Any) -> str:
         return ",".join(str(v) for v in value) or "-"
     if isinstance(value, dict):
         return " ".join(f"{key}={_cell(item)}" for key, item in value.items()) or "-"
-    return str(value)
+    text = str(value)
+    # What the server returns is not trusted to be free of control characters:
+    # a newline or an escape sequence would draw rows of its own in the terminal.
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
