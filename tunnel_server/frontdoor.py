@@ -443,7 +443,7 @@ class FrontDoor(asyncio.Protocol):
             self._keep_alive = False  # the rest of the body is still on its way
         body = status_body(refusal.code, refusal.reason, refusal.message)
         headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
-        if refusal.code in (429, 503):
+        if refusal.retry:
             headers.append(("retry-after", "1"))
         if not self._keep_alive:
             headers.append(("connection", "close"))

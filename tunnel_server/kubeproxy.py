@@ -59,7 +59,7 @@ async def kube_proxy(request: web.Request) -> web.StreamResponse:
         return await _exchange(request, stream, upgrade is not None, has_body, exchange)
     except ProxyRefusal as refusal:
         exchange.refused(refusal)
-        return kube_status(refusal.code, refusal.reason, refusal.message)
+        return kube_status(refusal.code, refusal.reason, refusal.message, retry=refusal.retry)
     except asyncio.CancelledError:
         if not exchange.ended:
             exchange.cut_short("cancelled: the caller left, or the server is shutting down")
@@ -200,11 +200,11 @@ def _upgrade_of(request: web.Request) -> str | None:
     return upgrade if upgrade and "upgrade" in tokens else None
 
 
-def kube_status(code: int, reason: str, message: str) -> web.Response:
-    """A ``metav1.Status`` failure, as the API server would answer."""
+def kube_status(code: int, reason: str, message: str, *, retry: bool = False) -> web.Response:
+    """A ``metav1.Status`` failure, as the API server would answer (``retry``: Retry-After: 1)."""
     response = web.Response(
         status=code, body=status_body(code, reason, message), content_type="application/json"
     )
-    if code in (429, 503):
+    if retry:
         response.headers["Retry-After"] = "1"
     return response

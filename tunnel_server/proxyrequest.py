@@ -92,13 +92,18 @@ _CLUSTER = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
 class ProxyRefusal(ServerError):
-    """Answer the caller with a Kubernetes Status and stop."""
+    """Answer the caller with a Kubernetes Status and stop.
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    ``retry``: the answer carries ``Retry-After: 1``, which kubectl and
+    client-go follow up to ten times; by default for 429 and 503.
+    """
+
+    def __init__(self, code: int, reason: str, message: str, *, retry: bool | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
+        self.retry = code in (429, 503) if retry is None else retry
 
 
 @dataclass(slots=True, init=False)
@@ -276,9 +281,7 @@ async def open_relay(
     agent = context.registry.get(cluster)
     if agent is None:
         # Fail fast: no waiting for an agent that may never come.
-        raise ProxyRefusal(
-            503, "ServiceUnavailable", f"cluster {cluster} is not connected (its agent is offline)"
-        )
+        raise offline_refusal(cluster, context.registry.offline_for(cluster))
     head = RequestHead(exchange.method, path, forwarded, upgrade is not None)
     try:
         stream = agent.session.open_stream(
@@ -388,6 +391,48 @@ def _revocation(error: SessionError) -> str | None:
     return None
 
 
+#: An agent that left less than this long ago (seconds) is expected back soon:
+#: the 503 then asks for a retry, which kubectl makes for about ten seconds.
+RECONNECT_EXPECTED = 10.0
+
+
+def offline_refusal(cluster: str, offline_for: float | None) -> ProxyRefusal:
+    """The 503 for a cluster whose agent is not connected (``offline_for``: see
+    :meth:`AgentRegistry.offline_for`).
+
+    Only an agent that left moments ago (a restart, a reconnect) is worth
+    kubectl's ten retries; for one offline longer, or never seen since this
+    server started, the caller learns it at once.
+    """
+    if offline_for is not None and offline_for < RECONNECT_EXPECTED:
+        return ProxyRefusal(
+            503,
+            "ServiceUnavailable",
+            f"cluster {cluster} is not connected (its agent left {_span(offline_for)} ago "
+            "and is expected back shortly)",
+            retry=True,
+        )
+    since = "" if offline_for is None else f" for {_span(offline_for)}"
+    return ProxyRefusal(
+        503,
+        "ServiceUnavailable",
+        f"cluster {cluster} is not connected (its agent is offline{since})",
+        retry=False,
+    )
+
+
+def _span(seconds: float) -> str:
+    """A time span as a person reads it: ``45s``, ``12m``, ``3h 5m``, ``2d 4h``."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m"
+    if whole < 86400:
+        return f"{whole // 3600}h {whole % 3600 // 60}m"
+    return f"{whole // 86400}d {whole % 86400 // 3600}h"
+
+
 def dropped_refusal(error: SessionError, cluster: str) -> ProxyRefusal:
     """What to answer when the stream failed before the response head came."""
     revoked = _revocation(error)
@@ -401,6 +446,9 @@ def dropped_refusal(error: SessionError, cluster: str) -> ProxyRefusal:
             "ServiceUnavailable",
             f"the agent of cluster {cluster} stopped answering ({error}); "
             "its session was closed and the agent reconnects on its own: retry shortly",
+            # Its own keepalive may take the agent 30 s to notice: kubectl's
+            # ten retries a second apart would only hold the caller up.
+            retry=False,
         )
     return ProxyRefusal(502, "BadGateway", f"cluster {cluster} dropped the request: {error}")
 

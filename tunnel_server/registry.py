@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -37,6 +38,9 @@ class AgentRegistry:
 
     def __init__(self, replace_grace: float) -> None:
         self._agents: dict[str, AgentConnection] = {}
+        #: When each cluster's agent left (time.monotonic), until it is back.
+        #: Not for a cluster whose agent this server dropped (revoked, deleted).
+        self._left: dict[str, float] = {}
         self._replace_grace = replace_grace
         self._retiring: set[asyncio.Task[None]] = set()
 
@@ -47,6 +51,15 @@ class AgentRegistry:
             return None
         return agent
 
+    def offline_for(self, cluster: str) -> float | None:
+        """Seconds since the cluster's agent left; None if it has not been here since
+        this server started, or this server dropped it (revoked, deleted)."""
+        agent = self._agents.get(cluster)
+        if agent is not None:
+            return 0.0 if not agent.session.is_open else None  # ended, not yet detached
+        left = self._left.get(cluster)
+        return None if left is None else time.monotonic() - left
+
     def connected(self) -> dict[str, AgentConnection]:
         return {name: agent for name, agent in self._agents.items() if agent.session.is_open}
 
@@ -54,6 +67,7 @@ class AgentRegistry:
         """Make ``agent`` the cluster's connection; retire the one it replaces."""
         old = self._agents.get(agent.cluster)
         self._agents[agent.cluster] = agent
+        self._left.pop(agent.cluster, None)
         if old is not None and old is not agent:
             logger.info(
                 "a new agent connection replaces the old one", extra={"cluster": agent.cluster}
@@ -64,9 +78,11 @@ class AgentRegistry:
         """Forget ``agent`` if it is still the cluster's connection."""
         if self._agents.get(agent.cluster) is agent:
             del self._agents[agent.cluster]
+            self._left[agent.cluster] = time.monotonic()
 
     async def disconnect(self, cluster: str, reason: str) -> bool:
         """Drop the cluster's connection now (revocation). True if there was one."""
+        self._left.pop(cluster, None)  # not expected back
         agent = self._agents.pop(cluster, None)
         if agent is None:
             return False

@@ -211,6 +211,22 @@ async def test_disconnected_cluster_fails_fast_with_503(tunnel: Tunnel) -> None:
     assert loop.time() - started < 1.0
 
 
+async def test_an_agent_that_just_left_is_answered_503_with_a_retry(tunnel: Tunnel) -> None:
+    await tunnel.agent.stop()
+    async with tunnel.http.get(
+        tunnel.base + "/api/v1/pods",
+        headers={"Authorization": f"Bearer {tunnel.token}"},
+        ssl=client_context(tunnel.server.ca_pem),
+    ) as response:
+        body = await response.json()
+    assert response.status == 503
+    # A restart or a reconnect: kubectl's retries a second apart may see it back.
+    assert response.headers["Retry-After"] == "1"
+    assert body["message"] == (
+        "cluster prod-eu is not connected (its agent left 0s ago and is expected back shortly)"
+    )
+
+
 async def test_agent_loss_mid_stream_ends_the_response_with_an_error(tunnel: Tunnel) -> None:
     async with tunnel.http.get(
         tunnel.base + "/api/v1/stream",
