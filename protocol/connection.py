@@ -362,7 +362,7 @@ class Connection:
     def probe(self, now: float) -> bool:
         """New work depends on the peer: PING it if it has been quiet (see :class:`Keepalive`).
 
-        Call after opening a stream or queuing a message. True when a PING was
+        Call after opening a stream or queuing data or a message. True when a PING was
         queued; :meth:`deadline` may then be earlier than it was.
         """
         if self.state is not ConnectionState.OPEN or not self._liveness.probe_due(now):

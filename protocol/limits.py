@@ -152,7 +152,7 @@ class Keepalive:
 
     ``interval`` and ``timeout``: a peer quiet for ``interval`` is pinged, and
     must answer within ``timeout``. ``probe_after`` and ``probe_timeout``: new
-    work for a peer quiet for ``probe_after`` (a stream opened, a message sent)
+    work for a peer quiet for ``probe_after`` (a stream opened, data or a message sent)
     sends a PING with it, which must be answered within ``probe_timeout``, so
     that work is not left waiting on a dead link for the whole keepalive
     (docs/protocol.md, "Liveness").

@@ -491,6 +491,7 @@ class Session:
 
     def _send_data(self, stream_id: int, data: memoryview) -> None:
         self.connection.send_data(stream_id, data)
+        self._probe()  # a keystroke into an exec session idle for an hour, say
         self._kick()
 
     def _wait_writable(self, stream: MuxStream) -> None:

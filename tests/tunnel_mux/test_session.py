@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from tunnel_mux import (
     Session,
     SessionClosedError,
     SessionHandlers,
+    SessionTimeoutError,
     StreamResetError,
 )
 from tunnel_mux.session import BATCH_FRAMES
@@ -242,6 +244,39 @@ async def test_close_returns_when_the_sessions_task_is_cancelled_during_its_tear
     assert server.close_reason is not None
     await client.close()
     await asyncio.gather(*runs, return_exceptions=True)
+
+
+async def test_data_for_a_peer_gone_quiet_carries_a_ping_and_ends_the_session_when_unanswered() -> (
+    None
+):
+    """An exec session idle for long, then a keystroke on a link gone dead: no 30 s wait."""
+    hours = 0.0
+    keepalive = Keepalive(interval=3600.0, timeout=3600.0, probe_after=1.0, probe_timeout=0.05)
+    client_transport, server_transport = transport_pair()
+    server = Session(
+        server_transport,
+        Connection(Side.SERVER, keepalive=keepalive),
+        clock=lambda: time.monotonic() + hours,
+    )
+    client_connection = Connection(Side.CLIENT)
+    # The client answers the handshake and takes the OPEN, then goes silent.
+    for message in client_connection.data_to_send():
+        await client_transport.send(message)
+    run = asyncio.create_task(server.run())
+    await server.wait_ready()
+    stream = server.open_stream("exec")  # the peer was heard from just now: no PING
+    last_received = server.connection._liveness.last_received
+    assert last_received is not None
+    assert server.connection.deadline() == pytest.approx(last_received + 3600.0)
+
+    hours = 2 * 3600.0  # as the session's clock sees it, two idle hours pass
+    await stream.write(b"ls\n")
+
+    # The PING went with the keystroke, and its 0.05 s deadline woke the
+    # session's timer, which slept towards the keepalive's hour.
+    with pytest.raises(SessionTimeoutError, match=r"within 0\.05s"):
+        await asyncio.wait_for(stream.read(), 10)
+    await run
 
 
 async def test_read_ready_says_whether_read_would_answer_at_once() -> None:
