@@ -84,7 +84,9 @@ class Session:
         self.label = label
         self.batch_frames = batch_frames
         self.handshake: HandshakeCompleted | None = None
-        #: Why the session ended, once it has.
+        #: Why the session ended, once it has: the error its streams failed with,
+        #: and its text (a SessionTimeoutError: the peer stopped answering).
+        self.close_error: SessionError | None = None
         self.close_reason: str | None = None
         self._transport = transport
         self._handlers = handlers or SessionHandlers()
@@ -111,7 +113,6 @@ class Session:
         self._ended = asyncio.Event()  # over: no stream can be used any more
         self._idle = asyncio.Event()
         self._idle.set()
-        self._error: BaseException | None = None
         #: For metrics: resets seen, by code, and time writers waited for credit.
         self.resets: Counter[int] = Counter()
         self.flow_wait_seconds = 0.0
@@ -562,6 +563,7 @@ class Session:
         if error is None:
             error = SessionClosedError("the session has ended")
         if self.close_reason is None:
+            self.close_error = error
             self.close_reason = str(error)
         if not self.connection.closed:
             self.connection.close(ErrorCode.NO_ERROR, "")

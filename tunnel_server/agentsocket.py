@@ -18,7 +18,14 @@ from typing import Any
 from aiohttp import web
 
 from protocol import Connection, ErrorCode, Side, kinds
-from tunnel_mux import MuxStream, Session, SessionClosedError, SessionHandlers, WebSocketTransport
+from tunnel_mux import (
+    MuxStream,
+    Session,
+    SessionClosedError,
+    SessionHandlers,
+    SessionTimeoutError,
+    WebSocketTransport,
+)
 from tunnel_pki.errors import PkiError
 from tunnel_pki.identity import ClientIdentity, verify_client_certificate
 
@@ -157,6 +164,8 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
     finally:
         context.registry.detach(agent)
         context.metrics.untrack(session)
+        if isinstance(session.close_error, SessionTimeoutError):
+            context.metrics.agent_timeouts.inc()
         await renewals.close()
         logger.info("agent disconnected: %s", session.close_reason, extra=log)
         await _record(context, agent, connected=False)

@@ -114,6 +114,12 @@ class ServerMetrics:
             ["reason"],
             registry=r,
         )
+        self.agent_timeouts = Counter(
+            "tunnel_server_agent_timeouts",
+            "Agent sessions dropped because the agent did not answer a PING in time "
+            "(the keepalive's, or one sent with new work): links gone dead.",
+            registry=r,
+        )
         self.clusters_connected = Gauge(
             "tunnel_server_clusters_connected", "Clusters whose agent is connected.", registry=r
         )

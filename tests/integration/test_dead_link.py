@@ -33,6 +33,7 @@ from ..support import until
 from .harness import RunningServer, agent_settings, running_agent, running_server, server_settings
 from .proxies import ConnectProxy, running_proxy
 from .test_kubeproxy_relay import agent_kube_api
+from .test_observability import server_metrics
 from .upstream import running_upstream
 
 #: A keepalive that cannot be what ends these requests, and a short probe.
@@ -142,6 +143,15 @@ async def test_a_request_on_a_dead_link_fails_fast_with_503_saying_why(link: Lin
     assert "did not answer a PING within 2s" in body["message"]
     assert session.close_reason is not None
     assert "within 2s" in session.close_reason
+    # For the operator: a session dropped on a dead link is counted as such, once
+    # its tear-down is over (its close waits for the peer's reply up to 2 s).
+    await session.close()
+    timeouts = 0.0
+    for _ in range(10):  # the socket's handler counts it a few turns later
+        timeouts = (await server_metrics(link.server))[("tunnel_server_agent_timeouts_total", ())]
+        if timeouts:
+            break
+    assert timeouts == 1
 
 
 async def test_after_a_dead_link_the_agent_dials_again_and_requests_work(link: Link) -> None:
@@ -171,3 +181,5 @@ async def test_a_request_on_a_live_but_quiet_link_is_answered(link: Link) -> Non
     await until(lambda: session.connection.rtt != rtt_before, max_turns=10**7)
     assert link.agent_session() is session
     assert session.close_reason is None
+    metrics = await server_metrics(link.server)
+    assert metrics[("tunnel_server_agent_timeouts_total", ())] == 0
