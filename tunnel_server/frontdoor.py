@@ -56,6 +56,7 @@ from .proxyrequest import (
     revocation_event,
     upload,
 )
+from .tcp_keepalive import enable_tcp_keepalive
 
 __all__ = ["KEEPALIVE_TIMEOUT", "FrontDoor", "FrontDoors"]
 
@@ -134,6 +135,7 @@ class FrontDoor(asyncio.Protocol):
         # A cast, not an isinstance check: uvloop's transports are not
         # subclasses of asyncio.Transport.
         self._transport = cast(asyncio.Transport, transport)
+        enable_tcp_keepalive(transport)
         self._doors.open.add(self)
         self._arm_idle_timer()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Callable
 
@@ -44,6 +45,29 @@ tunnel = kubectl_e2e.tunnel
 
 
 # ------------------------------------------------- keep-alive and pipelining
+
+
+async def test_a_callers_connection_has_tcp_keepalive_so_a_vanished_caller_is_noticed(
+    tunnel: Tunnel,
+) -> None:
+    # A caller that vanishes without a FIN in a quiet exec session or logs -f
+    # would otherwise hold its request open for ever (tcp_keepalive.py).
+    async with caller(tunnel.server) as connection:
+        connection.send(get(tunnel, f"{PODS}/demo"))
+        assert (await connection.reply()).status == 200
+        ours = connection.writer.get_extra_info("sockname")
+        [transport] = [
+            door._transport
+            for door in doors(tunnel.server).open
+            if door._transport is not None and door._transport.get_extra_info("peername") == ours
+        ]
+        sock = transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert (
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+        ) == (15, 15, 4)
 
 
 async def test_two_requests_on_one_keep_alive_connection_are_answered_in_order(

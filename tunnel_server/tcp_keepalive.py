@@ -1,0 +1,44 @@
+"""TCP keepalive on callers' connections: a caller gone without a word is noticed.
+
+A laptop that sleeps or changes networks in the middle of ``kubectl exec``,
+``logs -f`` or ``port-forward`` sends no FIN. With nothing to write, the server
+would hold that connection, its stream over the agent's session and the
+request at the API server for as long as the API server lets the request run:
+for an exec session or a quiet ``logs -f``, for ever. The kernel's keepalive
+probes find the silent peer; the connection then fails and its request ends.
+
+The timing is Go's, which the Kubernetes API server serves with: probes after
+15 s of silence, 15 s apart; four unanswered ones end the connection, so a
+vanished caller is noticed within about 75 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+__all__ = ["IDLE_SECONDS", "INTERVAL_SECONDS", "PROBES", "enable_tcp_keepalive"]
+
+IDLE_SECONDS = 15
+INTERVAL_SECONDS = 15
+PROBES = 4
+
+_OPTIONS = (
+    ("TCP_KEEPIDLE", IDLE_SECONDS),
+    ("TCP_KEEPINTVL", INTERVAL_SECONDS),
+    ("TCP_KEEPCNT", PROBES),
+)
+
+
+def enable_tcp_keepalive(transport: asyncio.BaseTransport) -> None:
+    """Turn on keepalive probes for the transport's TCP socket (anything else: nothing)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    with contextlib.suppress(OSError):  # a socket already closed by its peer
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in _OPTIONS:
+            option = getattr(socket, name, None)  # Linux has all three; others may not
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
