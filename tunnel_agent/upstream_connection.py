@@ -20,6 +20,7 @@ import httptools
 
 from protocol.errors import TunnelError
 from protocol.http import MAX_HEADER_VALUE, MAX_HEADERS, MAX_RESPONSE_HEAD
+from tunnel_kube.tcp_keepalive import enable_tcp_keepalive
 
 from .errors import UpstreamError, UpstreamRequestError
 
@@ -257,6 +258,7 @@ class UpstreamConnection(asyncio.Protocol):
         # A cast, not an isinstance check: uvloop's transports are not
         # subclasses of asyncio.Transport.
         self.transport = cast(asyncio.Transport, transport)
+        enable_tcp_keepalive(transport)  # an API server whose node died sends no FIN
         self._on_made(self)
 
     def connection_lost(self, exc: Exception | None) -> None:

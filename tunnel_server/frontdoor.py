@@ -28,6 +28,7 @@ from aiohttp import web
 from protocol.errors import MalformedFrameError
 from protocol.http import METHODS, ResponseHead, ResponseHeadParser
 from tunnel_kube import status_body
+from tunnel_kube.tcp_keepalive import enable_tcp_keepalive
 from tunnel_mux import MuxStream, SessionError
 
 from .context import CONTEXT, ServerContext
@@ -56,7 +57,6 @@ from .proxyrequest import (
     revocation_event,
     upload,
 )
-from .tcp_keepalive import enable_tcp_keepalive
 
 __all__ = ["KEEPALIVE_TIMEOUT", "FrontDoor", "FrontDoors"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 
@@ -34,6 +35,22 @@ async def test_the_next_request_reuses_the_same_connection() -> None:
         assert [exchange.peer.number for exchange in origin.exchanges] == [0, 0]
         assert len(origin.peers) == 1
         assert pool.idle_connections == 1
+
+
+async def test_a_connection_to_the_api_server_has_tcp_keepalive() -> None:
+    # An API server whose node died sends no FIN: a quiet watch or logs -f
+    # through this connection would otherwise wait for ever (tcp_keepalive.py).
+    async with running(ok) as origin, pool_for(origin.url) as pool:
+        assert await read_all(pool, "GET", "/api/v1/pods") == b"GET /api/v1/pods"
+        [connection] = pool._idle
+        assert connection.transport is not None
+        sock = connection.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert (
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+        ) == (15, 15, 4)
 
 
 async def test_host_header_and_path_prefix_come_from_the_base_url() -> None:

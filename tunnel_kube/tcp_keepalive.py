@@ -1,15 +1,16 @@
-"""TCP keepalive on callers' connections: a caller gone without a word is noticed.
+"""TCP keepalive on connections that carry Kubernetes API requests.
 
-A laptop that sleeps or changes networks in the middle of ``kubectl exec``,
-``logs -f`` or ``port-forward`` sends no FIN. With nothing to write, the server
-would hold that connection, its stream over the agent's session and the
-request at the API server for as long as the API server lets the request run:
-for an exec session or a quiet ``logs -f``, for ever. The kernel's keepalive
-probes find the silent peer; the connection then fails and its request ends.
+A peer can vanish without a FIN: a laptop that sleeps in the middle of
+``kubectl exec`` or ``logs -f`` (the server's connection from the caller), an
+API server whose node died (the agent's connection to it). With nothing to
+write, the connection, its stream over the agent's session and the request
+at the other end would be held for as long as the request runs: for an exec
+session or a quiet ``logs -f``, for ever. The kernel's keepalive probes find
+the silent peer; the connection then fails and its request ends.
 
-The timing is Go's, which the Kubernetes API server serves with: probes after
-15 s of silence, 15 s apart; four unanswered ones end the connection, so a
-vanished caller is noticed within about 75 s.
+The timing is Go's, as the Kubernetes API server and client-go keep their
+connections: probes after 15 s of silence, 15 s apart; four unanswered ones
+end the connection, so a vanished peer is noticed within about 75 s.
 """
 
 from __future__ import annotations
