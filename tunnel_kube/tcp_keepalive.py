@@ -8,9 +8,10 @@ at the other end would be held for as long as the request runs: for an exec
 session or a quiet ``logs -f``, for ever. The kernel's keepalive probes find
 the silent peer; the connection then fails and its request ends.
 
-The timing is Go's, as the Kubernetes API server and client-go keep their
-connections: probes after 15 s of silence, 15 s apart; four unanswered ones
-end the connection, so a vanished peer is noticed within about 75 s.
+The timing is Go's default, which the Kubernetes API server's listener has
+(client-go's dialer uses 30 s): probes after 15 s of silence, 15 s apart;
+four unanswered ones end the connection, so a vanished peer is noticed
+within about 75 s.
 """
 
 from __future__ import annotations
