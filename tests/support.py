@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 
 
@@ -28,3 +29,13 @@ class ManualClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def assert_tcp_keepalive(sock: socket.socket) -> None:
+    """``sock`` probes a silent peer with Go's timing (tunnel_kube/tcp_keepalive.py)."""
+    assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+    assert (
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+    ) == (15, 15, 4)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,9 @@ from .harness import RunningServer, agent_settings, running_agent, running_serve
 from .proxies import ConnectProxy, running_proxy
 from .test_kubeproxy_relay import agent_kube_api
 from .test_observability import server_metrics
+from .test_proxy import no_proxy_environment
+
+__all__ = ["no_proxy_environment"]  # autouse: no proxy settings of this machine's
 from .upstream import running_upstream
 
 #: A keepalive that cannot be what ends these requests, and a short probe.
@@ -63,13 +65,6 @@ class Link:
     def agent_session(self) -> Any:
         registered = self.server.context.registry.get("prod-eu")
         return None if registered is None else registered.session
-
-
-@pytest.fixture(autouse=True)
-def no_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.lower().endswith("_proxy"):
-            monkeypatch.delenv(name)
 
 
 @pytest.fixture

@@ -227,7 +227,8 @@ async def test_an_agent_that_just_left_is_answered_503_with_a_retry(tunnel: Tunn
     )
 
 
-async def test_agent_loss_mid_stream_ends_the_response_with_an_error(tunnel: Tunnel) -> None:
+async def lose_the_agent_mid_stream(tunnel: Tunnel) -> None:
+    """Stop the agent once a streamed answer has begun; the caller's read must fail."""
     async with tunnel.http.get(
         tunnel.base + "/api/v1/stream",
         headers={"Authorization": f"Bearer {tunnel.token}"},
@@ -239,6 +240,10 @@ async def test_agent_loss_mid_stream_ends_the_response_with_an_error(tunnel: Tun
         await tunnel.agent.stop()
         with pytest.raises(aiohttp.ClientPayloadError):
             await response.content.read()
+
+
+async def test_agent_loss_mid_stream_ends_the_response_with_an_error(tunnel: Tunnel) -> None:
+    await lose_the_agent_mid_stream(tunnel)
 
 
 async def test_websocket_upgrade_is_relayed_both_ways(tunnel: Tunnel) -> None:
@@ -295,17 +300,7 @@ async def test_the_audit_says_why_a_request_was_refused(tunnel: Tunnel) -> None:
 
 
 async def test_the_audit_says_the_agent_cut_an_answer_short(tunnel: Tunnel) -> None:
-    async with tunnel.http.get(
-        tunnel.base + "/api/v1/stream",
-        headers={"Authorization": f"Bearer {tunnel.token}"},
-        ssl=client_context(tunnel.server.ca_pem),
-    ) as response:
-        await tunnel.upstream.stream_started.wait()
-        await tunnel.upstream.stream_lines.put(b'{"type":"ADDED"}\n')
-        assert await response.content.readline() == b'{"type":"ADDED"}\n'
-        await tunnel.agent.stop()
-        with pytest.raises(aiohttp.ClientPayloadError):
-            await response.content.read()
+    await lose_the_agent_mid_stream(tunnel)
     [event] = await audited(tunnel)
     assert event["status"] == 200  # what the caller was answered before the cut
     assert event["detail"] == {
@@ -314,7 +309,8 @@ async def test_the_audit_says_the_agent_cut_an_answer_short(tunnel: Tunnel) -> N
     }
 
 
-async def test_the_audit_says_the_caller_left(tunnel: Tunnel) -> None:
+async def leave_a_watch(tunnel: Tunnel) -> None:
+    """Open a streamed answer, read its first line, and go away."""
     async with aiohttp.ClientSession() as http:
         response = await http.get(
             tunnel.base + "/api/v1/stream",
@@ -325,6 +321,10 @@ async def test_the_audit_says_the_caller_left(tunnel: Tunnel) -> None:
         await tunnel.upstream.stream_lines.put(b"first\n")
         assert await response.content.readline() == b"first\n"
         response.close()
+
+
+async def test_the_audit_says_the_caller_left(tunnel: Tunnel) -> None:
+    await leave_a_watch(tunnel)
     [event] = await audited(tunnel)
     assert (event["status"], event["detail"]) == (200, {"ended": "the caller left"})
 
@@ -367,16 +367,7 @@ async def test_non_websocket_upgrade_is_relayed_byte_for_byte(tunnel: Tunnel) ->
 
 async def test_a_caller_that_leaves_a_watch_closes_it_upstream_at_once(tunnel: Tunnel) -> None:
     """No waiting for the watch's next event: the relay is torn down end to end."""
-    async with aiohttp.ClientSession() as http:
-        response = await http.get(
-            tunnel.base + "/api/v1/stream",
-            headers={"Authorization": f"Bearer {tunnel.token}"},
-            ssl=client_context(tunnel.server.ca_pem),
-        )
-        await tunnel.upstream.stream_started.wait()
-        await tunnel.upstream.stream_lines.put(b"first\n")
-        assert await response.content.readline() == b"first\n"
-        response.close()  # the caller goes away; the upstream stays quiet
+    await leave_a_watch(tunnel)  # the upstream stays quiet meanwhile
     agent_session = tunnel.agent.agent.session
     assert agent_session is not None
     await until(lambda: agent_session.streams == 0, max_turns=10**7)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
@@ -13,7 +12,7 @@ from tunnel_agent.upstream import (
     UpstreamPool,
 )
 
-from ..support import until
+from ..support import assert_tcp_keepalive, until
 from .upstream_origin import (
     Exchange,
     body_of,
@@ -45,12 +44,7 @@ async def test_a_connection_to_the_api_server_has_tcp_keepalive() -> None:
         [connection] = pool._idle
         assert connection.transport is not None
         sock = connection.transport.get_extra_info("socket")
-        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
-        assert (
-            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
-            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
-            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
-        ) == (15, 15, 4)
+        assert_tcp_keepalive(sock)
 
 
 async def test_host_header_and_path_prefix_come_from_the_base_url() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import Callable
 
@@ -24,7 +23,7 @@ from tunnel_server.http1 import MAX_HEAD, chunk
 from tunnel_server.store.base import StoreError, User
 
 from ..integration.harness import RunningServer
-from ..support import until
+from ..support import assert_tcp_keepalive, until
 from .frontdoor_support import (
     ANSWER_TIMEOUT,
     PODS,
@@ -62,12 +61,7 @@ async def test_a_callers_connection_has_tcp_keepalive_so_a_vanished_caller_is_no
             if door._transport is not None and door._transport.get_extra_info("peername") == ours
         ]
         sock = transport.get_extra_info("socket")
-        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
-        assert (
-            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
-            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
-            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
-        ) == (15, 15, 4)
+        assert_tcp_keepalive(sock)
 
 
 async def test_two_requests_on_one_keep_alive_connection_are_answered_in_order(
