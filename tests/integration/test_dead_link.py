@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
 from protocol import Keepalive, kinds
 from tunnel_agent.kubeproxy import KubeProxy
@@ -28,6 +29,7 @@ from tunnel_agent.policy import ProxyPolicy
 from tunnel_agent.router import StreamRouter
 from tunnel_pki.tls import client_context
 
+from ..kubestub_tests.kubectl import Kubectl
 from ..support import until
 from .harness import RunningServer, agent_settings, running_agent, running_server, server_settings
 from .proxies import ConnectProxy, running_proxy
@@ -178,3 +180,43 @@ async def test_a_request_on_a_live_but_quiet_link_is_answered(link: Link) -> Non
     assert session.close_reason is None
     metrics = await server_metrics(link.server)
     assert metrics[("tunnel_server_agent_timeouts_total", ())] == 0
+
+
+async def test_kubectl_on_a_dead_link_reports_it_and_does_not_retry(
+    link: Link, tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(link.server.ca_pem)
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "prod-eu",
+                "cluster": {
+                    "server": f"{link.server.url}/k8s/clusters/prod-eu",
+                    "certificate-authority": str(ca),
+                },
+            }
+        ],
+        "users": [{"name": "alice", "user": {"token": link.token}}],
+        "contexts": [{"name": "prod-eu", "context": {"cluster": "prod-eu", "user": "alice"}}],
+        "current-context": "prod-eu",
+    }
+    (tmp_path / "kubectl").mkdir()
+    (tmp_path / "kc.yaml").write_text(yaml.safe_dump(kubeconfig))
+    kubectl = Kubectl(tmp_path / "kc.yaml", tmp_path / "kubectl", tmp_path / "kubectl")
+    pod = "/k8s/clusters/prod-eu/api/v1/namespaces/default/pods/p"
+    assert (await kubectl.run("get", "--raw", pod)).returncode == 0
+    link.proxy.blackhole()
+    await quiet_for_the_probe(link)
+
+    result = await kubectl.run("get", "--raw", pod)
+
+    # kubectl prints the answer to its last attempt: had the 503 asked for a
+    # retry, that would be "not connected" after ten more, a second apart.
+    assert result.returncode != 0
+    assert (
+        "Error from server (ServiceUnavailable): the agent of cluster prod-eu stopped answering"
+        in result.stderr
+    )
