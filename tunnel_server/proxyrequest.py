@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from protocol import kinds
 from protocol.errors import HeaderTooLargeError, LocalProtocolError
 from protocol.http import RequestHead
+from tunnel_cli import printable
 from tunnel_kube import parse_api_request, status_body
 from tunnel_mux import (
     MuxStream,
@@ -141,7 +142,7 @@ class ProxyExchange:
     def refused(self, refusal: ProxyRefusal) -> None:
         """The request is answered with ``refusal``'s status: both go in its audit event."""
         self.status = refusal.code
-        self.ended = _printable(refusal.message)
+        self.ended = printable(refusal.message[:MAX_ENDED_CHARS])
 
     def cut_short(self, why: str | BaseException) -> None:
         """The answer began, and ``why`` ended it before its end.
@@ -153,18 +154,9 @@ class ProxyExchange:
         elif isinstance(why, SessionError):
             revoked = _revocation(why)
             why = f"access revoked: {revoked}" if revoked is not None else f"cut short: {why}"
-        self.ended = _printable(str(why))
-
-
-def _printable(text: str) -> str:
-    """``text`` bounded, and without the control characters an agent's reason may carry.
-
-    The audit trail is read in terminals (``tunnelctl audit``): a newline or an
-    escape sequence from an agent, which the server does not trust, must not
-    draw rows of its own.
-    """
-    text = text[:MAX_ENDED_CHARS]
-    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
+        # Bounded, and without the control characters an agent's reason may
+        # carry: the audit trail is read in terminals (tunnelctl audit).
+        self.ended = printable(str(why)[:MAX_ENDED_CHARS])
 
 
 def impersonation_headers(user: User, grant: Grant) -> list[tuple[str, str]]:

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from tunnel_cli import printable
+
 __all__ = ["print_json", "print_table"]
 
 
@@ -37,7 +39,4 @@ def _cell(value: Any) -> str:
         return ",".join(str(v) for v in value) or "-"
     if isinstance(value, dict):
         return " ".join(f"{key}={_cell(item)}" for key, item in value.items()) or "-"
-    text = str(value)
-    # What the server returns is not trusted to be free of control characters:
-    # a newline or an escape sequence would draw rows of its own in the terminal.
-    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
+    return printable(str(value))  # what the server returns may carry control characters
