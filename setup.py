@@ -52,6 +52,7 @@ COMPILED_MODULES = [
     "tunnel_server/frontdoor.py",
     "tunnel_server/frontdoor_buffers.py",
     "tunnel_server/http1.py",
+    "tunnel_server/proxyrefusal.py",
     "tunnel_server/proxyrequest.py",
     "tunnel_agent/kubeproxy.py",
     "tunnel_agent/policy.py",

@@ -44,17 +44,15 @@ from .http1 import (
     parse_request_head,
     response_head,
 )
+from .proxyrefusal import ProxyRefusal, dropped_refusal, revocation_event
 from .proxyrequest import (
     DROPPED_RESPONSE_HEADERS,
     CallerMemo,
     ProxyExchange,
-    ProxyRefusal,
     cluster_of,
-    dropped_refusal,
     finish,
     open_relay,
     release,
-    revocation_event,
     upload,
 )
 

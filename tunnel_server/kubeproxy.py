@@ -24,15 +24,8 @@ from tunnel_mux import MuxStream, SessionError
 from tunnel_mux.upgraded import UpgradedReader
 
 from .context import CONTEXT
-from .proxyrequest import (
-    DROPPED_RESPONSE_HEADERS,
-    ProxyExchange,
-    ProxyRefusal,
-    dropped_refusal,
-    finish,
-    open_relay,
-    upload,
-)
+from .proxyrefusal import ProxyRefusal, dropped_refusal
+from .proxyrequest import DROPPED_RESPONSE_HEADERS, ProxyExchange, finish, open_relay, upload
 
 __all__ = ["PROXY_ROUTE", "kube_status", "setup_kube_proxy"]
 

@@ -9,7 +9,7 @@ identity the cluster was told (``Impersonate-User``/``-Group``) must be the one
 the server would assert now. A request that fails is ended: its stream is
 reset (code ``HTTP_ACCESS_REVOKED``, the refusal as its reason), so the agent
 ends the request at the API server, and the front end tells the caller
-(:func:`tunnel_server.proxyrequest.revocation_event`).
+(:func:`tunnel_server.proxyrefusal.revocation_event`).
 
 Changes made through this server's API apply at once: the API call returns
 after the requests of the user or cluster it changed were checked, and says

@@ -6,7 +6,8 @@ Two front ends serve ``/k8s/clusters/{cluster}/...``: the lean one
 :func:`open_relay` to authenticate the caller, check the grant, rewrite the
 identity and open the ``http`` stream on the cluster's agent session, and
 :func:`finish` to record the metrics and the audit event; a refusal is a
-:class:`ProxyRefusal`, answered as a Kubernetes ``Status``.
+:class:`~tunnel_server.proxyrefusal.ProxyRefusal`, answered as a Kubernetes
+``Status`` (:mod:`tunnel_server.proxyrefusal`).
 """
 
 from __future__ import annotations
@@ -22,20 +23,15 @@ from protocol import kinds
 from protocol.errors import HeaderTooLargeError, LocalProtocolError
 from protocol.http import RequestHead
 from tunnel_cli import printable
-from tunnel_kube import parse_api_request, status_body
-from tunnel_mux import (
-    MuxStream,
-    SessionClosedError,
-    SessionError,
-    SessionTimeoutError,
-    StreamResetError,
-)
+from tunnel_kube import parse_api_request
+from tunnel_mux import MuxStream, SessionClosedError, SessionError
 
 from .access import AccessCache
 from .auth import parse_bearer
 from .context import ServerContext
-from .errors import ServerError, UnauthorizedError
+from .errors import UnauthorizedError
 from .live_requests import Credential
+from .proxyrefusal import ProxyRefusal, offline_refusal, revoked_reason
 from .store.base import Grant, ProxyAuditRecord, StoreError, User, hash_token
 
 __all__ = [
@@ -43,17 +39,14 @@ __all__ = [
     "IDENTITY_PREFIX",
     "CallerMemo",
     "ProxyExchange",
-    "ProxyRefusal",
     "access_refusal",
     "cluster_of",
-    "dropped_refusal",
     "finish",
     "forwarded_headers",
     "identity_headers",
     "impersonation_headers",
     "open_relay",
     "release",
-    "revocation_event",
     "upload",
     "upstream_path",
 ]
@@ -90,21 +83,6 @@ DROPPED_RESPONSE_HEADERS = frozenset(
 )
 # A cluster name as it appears, unencoded, in the path.
 _CLUSTER = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
-
-
-class ProxyRefusal(ServerError):
-    """Answer the caller with a Kubernetes Status and stop.
-
-    ``retry``: the answer carries ``Retry-After: 1``, which kubectl and
-    client-go follow up to ten times; by default for 429 and 503.
-    """
-
-    def __init__(self, code: int, reason: str, message: str, *, retry: bool | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.message = message
-        self.retry = code in (429, 503) if retry is None else retry
 
 
 @dataclass(slots=True, init=False)
@@ -152,7 +130,7 @@ class ProxyExchange:
         if isinstance(why, SessionClosedError):
             why = f"the session with the cluster's agent ended: {why}"
         elif isinstance(why, SessionError):
-            revoked = _revocation(why)
+            revoked = revoked_reason(why)
             why = f"access revoked: {revoked}" if revoked is not None else f"cut short: {why}"
         # Bounded, and without the control characters an agent's reason may
         # carry: the audit trail is read in terminals (tunnelctl audit).
@@ -370,104 +348,6 @@ async def finish(context: ServerContext, exchange: ProxyExchange) -> None:
                 exchange.ended,
             )
         )
-
-
-def _revocation(error: SessionError) -> str | None:
-    """Why access was taken away, if that is what ended the stream (this server reset it)."""
-    if (
-        isinstance(error, StreamResetError)
-        and not error.remote
-        and error.code == kinds.HTTP_ACCESS_REVOKED
-    ):
-        return error.reason
-    return None
-
-
-#: An agent that left less than this long ago (seconds) is expected back soon:
-#: the 503 then asks for a retry, which kubectl makes for about ten seconds.
-RECONNECT_EXPECTED = 10.0
-
-
-def offline_refusal(cluster: str, offline_for: float | None) -> ProxyRefusal:
-    """The 503 for a cluster whose agent is not connected (``offline_for``: see
-    :meth:`AgentRegistry.offline_for`).
-
-    Only an agent that left moments ago (a restart, a reconnect) is worth
-    kubectl's ten retries; for one offline longer, or never seen since this
-    server started, the caller learns it at once.
-    """
-    if offline_for is not None and offline_for < RECONNECT_EXPECTED:
-        return ProxyRefusal(
-            503,
-            "ServiceUnavailable",
-            f"cluster {cluster} is not connected (its agent left {_span(offline_for)} ago "
-            "and is expected back shortly)",
-            retry=True,
-        )
-    since = "" if offline_for is None else f" for {_span(offline_for)}"
-    return ProxyRefusal(
-        503,
-        "ServiceUnavailable",
-        f"cluster {cluster} is not connected (its agent is offline{since})",
-        retry=False,
-    )
-
-
-def _span(seconds: float) -> str:
-    """A time span as a person reads it: ``45s``, ``12m``, ``3h 5m``, ``2d 4h``."""
-    whole = int(seconds)
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m"
-    if whole < 86400:
-        return f"{whole // 3600}h {whole % 3600 // 60}m"
-    return f"{whole // 86400}d {whole % 86400 // 3600}h"
-
-
-def dropped_refusal(error: SessionError, cluster: str) -> ProxyRefusal:
-    """What to answer when the stream failed before the response head came."""
-    revoked = _revocation(error)
-    if revoked is not None:
-        return ProxyRefusal(403, "Forbidden", f"access revoked: {revoked}")
-    if isinstance(error, SessionTimeoutError):
-        # A link gone dead without a word: the probe sent with this request
-        # found it (Keepalive.probe_timeout). The agent reconnects on its own.
-        return ProxyRefusal(
-            503,
-            "ServiceUnavailable",
-            f"the agent of cluster {cluster} stopped answering ({error}); "
-            "its session was closed and the agent reconnects on its own: retry shortly",
-            # Its own keepalive may take the agent 30 s to notice: kubectl's
-            # ten retries a second apart would only hold the caller up.
-            retry=False,
-        )
-    return ProxyRefusal(502, "BadGateway", f"cluster {cluster} dropped the request: {error}")
-
-
-def revocation_event(
-    error: SessionError,
-    exchange: ProxyExchange,
-    headers: Iterable[tuple[str, str]],
-    between_events: bool,
-) -> bytes | None:
-    """The last event of a JSON watch that access revoked, or None for any other end.
-
-    ``error`` ended the answer, whose head had ``headers`` (names in lower
-    case); ``between_events``: what the caller got so far ends with a whole
-    event (the API server ends each with a newline). The event is the
-    ``ERROR`` with a 403 ``Status`` that the API server itself sends to end a
-    watch, so a client reports why it ended. After half an event it would
-    only make the client report a decoding error: the answer is cut instead.
-    """
-    revoked = _revocation(error)
-    if revoked is None or exchange.verb != "watch" or not between_events:
-        return None
-    content_type = next((value for name, value in headers if name == "content-type"), "")
-    if not content_type.lower().startswith("application/json"):
-        return None
-    status = status_body(403, "Forbidden", f"access revoked: {revoked}")
-    return b'{"type":"ERROR","object":' + status + b"}\n"
 
 
 def upstream_path(raw_target: str, cluster: str) -> str:

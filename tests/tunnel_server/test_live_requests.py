@@ -19,12 +19,8 @@ from protocol.kinds import HTTP_ACCESS_REVOKED
 from tunnel_mux import MuxStream, SessionClosedError, SessionError, StreamResetError
 from tunnel_server.access import AccessCache
 from tunnel_server.live_requests import Credential, LiveRequests
-from tunnel_server.proxyrequest import (
-    ProxyExchange,
-    access_refusal,
-    dropped_refusal,
-    revocation_event,
-)
+from tunnel_server.proxyrefusal import dropped_refusal, revocation_event
+from tunnel_server.proxyrequest import ProxyExchange, access_refusal
 from tunnel_server.store.base import Store, StoreError, User, hash_token
 
 from ..e2e import test_kubectl_tunnel as kubectl_e2e

@@ -7,7 +7,8 @@ import io
 from protocol import kinds
 from tunnel_mux import SessionClosedError, StreamResetError
 from tunnel_server.ctl.output import print_table
-from tunnel_server.proxyrequest import MAX_ENDED_CHARS, ProxyExchange, ProxyRefusal
+from tunnel_server.proxyrefusal import ProxyRefusal
+from tunnel_server.proxyrequest import MAX_ENDED_CHARS, ProxyExchange
 
 
 def exchange() -> ProxyExchange:

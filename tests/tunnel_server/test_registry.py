@@ -10,7 +10,7 @@ from typing import cast
 import pytest
 
 from tunnel_mux import Session
-from tunnel_server.proxyrequest import RECONNECT_EXPECTED, offline_refusal
+from tunnel_server.proxyrefusal import RECONNECT_EXPECTED, offline_refusal
 from tunnel_server.registry import AgentConnection, AgentRegistry
 
 

@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from tunnel_server.proxyrequest import ProxyRefusal, upstream_path
+from tunnel_server.proxyrefusal import ProxyRefusal
+from tunnel_server.proxyrequest import upstream_path
 
 CLUSTER = "/k8s/clusters/prod"
 
