@@ -47,6 +47,7 @@ COMPILED_MODULES = [
     "protocol/streams.py",
     "tunnel_mux/session.py",
     "tunnel_mux/stream.py",
+    "tunnel_mux/timer.py",
     "tunnel_kube/requests.py",
     "tunnel_kube/status.py",
     "tunnel_server/frontdoor.py",

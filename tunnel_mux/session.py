@@ -26,10 +26,8 @@ from protocol import (
     Event,
     GoAwayReceived,
     HandshakeCompleted,
-    KeepaliveTimeoutError,
     MessageReceived,
     PongReceived,
-    ProtocolError,
     RemoteProtocolError,
     StreamEnded,
     StreamOpened,
@@ -37,8 +35,9 @@ from protocol import (
 )
 from protocol.errors import describe_code
 
-from .errors import SessionClosedError, SessionError, SessionTimeoutError, StreamResetError
+from .errors import SessionClosedError, SessionError, StreamResetError
 from .stream import MuxStream
+from .timer import SessionTimer
 from .transport import MessageTransport, TransportClosed
 
 __all__ = ["Session", "SessionHandlers"]
@@ -91,6 +90,7 @@ class Session:
         self._transport = transport
         self._handlers = handlers or SessionHandlers()
         self._clock = clock
+        self._timer = SessionTimer(connection, clock, label)
         self._streams: dict[int, MuxStream] = {}
         self._blocked: set[MuxStream] = set()
         self._ending: set[MuxStream] = set()
@@ -101,9 +101,6 @@ class Session:
         # Event costs more, and _kick runs for every write and acknowledgement).
         self._kicked = True  # the HELLO is already queued
         self._writer_waiter: asyncio.Future[None] | None = None
-        # The timer loop's sleep, while it sleeps: a PING sent with new work
-        # (Connection.probe) may need it to wake before it would.
-        self._timer_waiter: asyncio.Future[None] | None = None
         # One sender at a time: the writer sleeps while a task in send_if_due
         # sends, and send_if_due does nothing while the writer sends.
         self._sending_early = False
@@ -170,7 +167,7 @@ class Session:
         if end_stream:
             stream._write_closed = True
         self._track(stream)
-        self._probe()
+        self._timer.probe()
         self._kick()
         return stream
 
@@ -218,7 +215,7 @@ class Session:
         if self._ended.is_set():
             raise SessionClosedError(self.close_reason or "the session has ended")
         self.connection.send_message(kind, body)
-        self._probe()
+        self._timer.probe()
         self._kick()
 
     async def ping(self) -> float:
@@ -256,7 +253,7 @@ class Session:
         loops = {
             asyncio.create_task(self._read_loop(), name=f"{self.label} reader"),
             asyncio.create_task(self._write_loop(), name=f"{self.label} writer"),
-            asyncio.create_task(self._timer_loop(), name=f"{self.label} timer"),
+            asyncio.create_task(self._timer.run(self._kick, self._end), name=f"{self.label} timer"),
         }
         # The tear-down awaits, so it runs after the try statement rather than
         # in a finally block: mypyc, which compiles this module, would leave
@@ -362,44 +359,6 @@ class Session:
         self._after_send()
         return True
 
-    async def _timer_loop(self) -> None:
-        connection = self.connection
-        while not connection.closed:
-            try:
-                connection.tick(self._clock())
-            except ProtocolError as exc:
-                logger.warning("%s: %s", self.label, exc)
-                timed_out = isinstance(exc, KeepaliveTimeoutError)
-                self._end((SessionTimeoutError if timed_out else SessionClosedError)(str(exc)))
-                self._kick()
-                return
-            if connection.wants_to_send:
-                self._kick()  # a PING to send; otherwise leave the writer asleep
-            # Sleep until the connection's next deadline: with traffic flowing
-            # it moves later, and this wakes at most once per interval.
-            deadline = connection.deadline()
-            now = self._clock()
-            interval = connection.keepalive.interval
-            await self._sleep(interval if deadline is None else max(deadline - now, 0.0))
-
-    async def _sleep(self, delay: float) -> None:
-        """The timer loop's sleep, which :meth:`_probe` cuts short."""
-        loop = asyncio.get_running_loop()
-        waiter = self._timer_waiter = loop.create_future()
-        handle = loop.call_later(delay, _wake, waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            handle.cancel()
-            raise
-        handle.cancel()
-        self._timer_waiter = None
-
-    def _probe(self) -> None:
-        """New work depends on the peer: if it has been quiet, PING it and watch the deadline."""
-        if self.connection.probe(self._clock()) and self._timer_waiter is not None:
-            _wake(self._timer_waiter)
-
     # ------------------------------------------------------------- dispatching
 
     def _dispatch(self, event: Event) -> None:
@@ -492,7 +451,7 @@ class Session:
 
     def _send_data(self, stream_id: int, data: memoryview) -> None:
         self.connection.send_data(stream_id, data)
-        self._probe()  # a keystroke into an exec session idle for an hour, say
+        self._timer.probe()  # a keystroke into an exec session idle for an hour, say
         self._kick()
 
     def _wait_writable(self, stream: MuxStream) -> None:
@@ -594,8 +553,3 @@ class Session:
                 logger.error("session task failed", exc_info=result)
                 return SessionClosedError(f"internal error: {result!r}")
         return None
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
