@@ -83,10 +83,9 @@ class Session:
         self.label = label
         self.batch_frames = batch_frames
         self.handshake: HandshakeCompleted | None = None
-        #: Why the session ended, once it has: the error its streams failed with,
-        #: and its text (a SessionTimeoutError: the peer stopped answering).
+        #: Why the session ended, once it has: the error its streams failed
+        #: with (a SessionTimeoutError: the peer stopped answering).
         self.close_error: SessionError | None = None
-        self.close_reason: str | None = None
         self._transport = transport
         self._handlers = handlers or SessionHandlers()
         self._clock = clock
@@ -120,6 +119,11 @@ class Session:
         return f"<Session {self.label} streams={len(self._streams)}>"
 
     # ------------------------------------------------------------------ public
+
+    @property
+    def close_reason(self) -> str | None:
+        """Why the session ended, in words; None while it has not."""
+        return None if self.close_error is None else str(self.close_error)
 
     @property
     def is_open(self) -> bool:
@@ -521,9 +525,8 @@ class Session:
         """Fail everything waiting on the session (idempotent)."""
         if error is None:
             error = SessionClosedError("the session has ended")
-        if self.close_reason is None:
+        if self.close_error is None:
             self.close_error = error
-            self.close_reason = str(error)
         if not self.connection.closed:
             self.connection.close(ErrorCode.NO_ERROR, "")
         for stream in list(self._streams.values()):
