@@ -104,7 +104,10 @@ class Session:
         # sends, and send_if_due does nothing while the writer sends.
         self._sending_early = False
         self._writing = False
-        self._ready: asyncio.Future[HandshakeCompleted] = asyncio.get_running_loop().create_future()
+        #: The event loop the session runs on. Kept, because asking for the
+        #: running loop costs a getpid() system call on CPython 3.11.
+        self.loop = asyncio.get_running_loop()
+        self._ready: asyncio.Future[HandshakeCompleted] = self.loop.create_future()
         self._closed = asyncio.Event()  # torn down: every task finished
         self._ended = asyncio.Event()  # over: no stream can be used any more
         self._idle = asyncio.Event()
@@ -227,7 +230,7 @@ class Session:
         if self._ended.is_set():
             raise SessionClosedError(self.close_reason or "the session has ended")
         opaque = self.connection.send_ping(self._clock())
-        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[float] = self.loop.create_future()
         self._pings[opaque] = future
         self._kick()
         try:
@@ -326,7 +329,7 @@ class Session:
 
     async def _write_loop(self) -> None:
         connection = self.connection
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         while True:
             # Asleep until kicked, and while a task sends a message itself.
             while not self._kicked or self._sending_early:
@@ -420,7 +423,7 @@ class Session:
             self.connection.reset_stream(event.stream_id, ErrorCode.REFUSED_STREAM, "no handler")
             return
         self._track(stream)
-        task = asyncio.create_task(
+        task = self.loop.create_task(
             self._run_handler(self._handlers.on_stream, stream),
             name=f"{self.label} stream {stream.id}",
         )

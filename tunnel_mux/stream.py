@@ -47,8 +47,8 @@ class MuxStream:
         self._eof = False
         self._write_closed = False
         self._error: SessionError | None = None
-        self._readable = _Wakeup()
-        self._writable = _Wakeup()
+        self._readable = _Wakeup(session.loop)
+        self._writable = _Wakeup(session.loop)
 
     def __repr__(self) -> str:
         return f"<MuxStream {self.id} {self.kind}>"
@@ -178,9 +178,10 @@ class _Wakeup:
     nobody waiting may be dropped.
     """
 
-    __slots__ = ("_waiter",)
+    __slots__ = ("_loop", "_waiter")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
         self._waiter: asyncio.Future[None] | None = None
 
     async def wait(self, stream_id: int, verb: str) -> None:
@@ -188,7 +189,7 @@ class _Wakeup:
         # and has not run since: taking its place is safe.
         if self._waiter is not None and not self._waiter.done():
             raise RuntimeError(f"stream {stream_id} is already being {verb} by another task")
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        waiter = self._waiter = self._loop.create_future()
         try:
             await waiter
         finally:
