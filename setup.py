@@ -50,6 +50,7 @@ COMPILED_MODULES = [
     "tunnel_mux/timer.py",
     "tunnel_kube/requests.py",
     "tunnel_kube/status.py",
+    "tunnel_server/callerlimit.py",
     "tunnel_server/frontdoor.py",
     "tunnel_server/frontdoor_buffers.py",
     "tunnel_server/http1.py",

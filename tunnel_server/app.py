@@ -32,7 +32,7 @@ from .errors import (
     TooManyRequestsError,
     UnavailableError,
 )
-from .frontdoor import FrontDoor, FrontDoors
+from .frontdoor import KEEPALIVE_TIMEOUT, FrontDoor, FrontDoors
 from .kubeproxy import setup_kube_proxy
 from .listener import BoundedTlsListener
 from .live_requests import LiveRequests
@@ -182,13 +182,16 @@ async def start_server(settings: ServerSettings) -> tuple[web.AppRunner, int]:
         # A caller that goes away cancels its handler at once, so a relayed
         # watch is closed upstream instead of waiting for its next event.
         handler_cancellation=True,
+        # A connection handed to aiohttp idles as long as one the front door
+        # keeps (aiohttp's own default is an hour).
+        keepalive_timeout=KEEPALIVE_TIMEOUT,
     )
 
     def aiohttp_connection() -> asyncio.Protocol:
         assert runner.server is not None
         return runner.server()
 
-    doors = FrontDoors()
+    doors = FrontDoors(max_callers=settings.tunnel.max_caller_connections)
 
     def connection() -> asyncio.Protocol:
         return FrontDoor(app, aiohttp_connection, doors)
@@ -203,6 +206,7 @@ async def start_server(settings: ServerSettings) -> tuple[web.AppRunner, int]:
     app[LISTENER] = listener  # before setup: a started app's state is frozen
     app[FRONT_DOORS] = doors
     await runner.setup()
+    app[CONTEXT].metrics.watch_callers(doors.callers)  # made by the set-up
     try:
         port = await listener.start()
     except OSError as exc:

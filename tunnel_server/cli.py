@@ -136,6 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(
         serve,
+        "--max-caller-connections",
+        env + "MAX_CALLER_CONNECTIONS",
+        default=str(TunnelSettings.__dataclass_fields__["max_caller_connections"].default),
+        help="connections callers (not agents) may hold open at once; past it the longest "
+        "idle one is closed, or the new one answered 503",
+    )
+    env_flag(
+        serve,
         "--max-pending-commands",
         env + "MAX_PENDING_COMMANDS",
         default=str(CommandSettings.__dataclass_fields__["max_pending"].default),
@@ -194,6 +202,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             ),
             shutdown_grace=parse_duration(args.shutdown_grace).total_seconds(),
             max_requests_per_user=_positive(args.max_requests_per_user, "--max-requests-per-user"),
+            max_caller_connections=_positive(
+                args.max_caller_connections, "--max-caller-connections"
+            ),
         ),
         commands=CommandSettings(
             max_pending=_positive(args.max_pending_commands, "--max-pending-commands")

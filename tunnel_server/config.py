@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from protocol import Keepalive, Limits
 
+from .callerlimit import DEFAULT_MAX_CALLER_CONNECTIONS
 from .errors import ConfigError
 
 __all__ = [
@@ -103,6 +104,8 @@ class TunnelSettings:
     #: Proxied requests one user may have in progress on one cluster: half the
     #: streams a session carries, so no one user can take them all.
     max_requests_per_user: int = 1024
+    #: Connections callers (not agents) may hold open at once (tunnel_server/callerlimit.py).
+    max_caller_connections: int = DEFAULT_MAX_CALLER_CONNECTIONS
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from tunnel_kube import status_body
 from tunnel_kube.tcp_keepalive import enable_tcp_keepalive
 from tunnel_mux import MuxStream, SessionError
 
+from .callerlimit import DEFAULT_MAX_CALLER_CONNECTIONS, CallerConnections, CountedProtocol
 from .context import CONTEXT, ServerContext
 from .frontdoor_buffers import AnswerOutput, RequestBody
 from .http1 import (
@@ -75,10 +76,12 @@ TIMER_SLACK = 0.002
 
 
 class FrontDoors:
-    """The open front-door connections, closed together at shutdown."""
+    """The open front-door connections, closed together at shutdown, and the
+    count of callers' connections, bounded by ``max_callers``."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_callers: int = DEFAULT_MAX_CALLER_CONNECTIONS) -> None:
         self.open: set[FrontDoor] = set()
+        self.callers = CallerConnections(max_callers)
 
     async def close(self) -> None:
         """Close every connection and wait for their requests to end.
@@ -106,6 +109,12 @@ class FrontDoor(asyncio.Protocol):
         self._app = app
         self._aiohttp_protocol = aiohttp_protocol
         self._doors = doors
+        self._callers = doors.callers
+        #: A caller's connection (no client certificate): it counts against
+        #: the bound, and may be closed to make room while idle.
+        self._counted = False
+        #: Over the bound with nothing idle to close: its request gets a 503.
+        self._refused = False
         self._keepalive_timeout = keepalive_timeout
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -135,12 +144,18 @@ class FrontDoor(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         enable_tcp_keepalive(transport)
         self._doors.open.add(self)
+        if not _has_client_certificate(transport):
+            self._counted = True
+            self._refused = not self._callers.admit()
         self._arm_idle_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self._doors.open.discard(self)
         self._cancel_idle_timer()
+        if self._counted:
+            self._counted = False
+            self._callers.release()
         if self._body is not None:
             self._body.fail()
         if self._drain_waiter is not None and not self._drain_waiter.done():
@@ -189,6 +204,11 @@ class FrontDoor(asyncio.Protocol):
         """A request is in progress on the connection."""
         return self._task is not None
 
+    def evict(self) -> None:
+        """Close this idle connection to make room for another (it is no longer counted)."""
+        self._counted = False
+        self.close()
+
     def abort(self) -> asyncio.Task[None] | None:
         """Close at once, dropping unsent data; returns the request task still ending."""
         self._aborted = True
@@ -212,6 +232,9 @@ class FrontDoor(asyncio.Protocol):
                     MalformedRequestError("the request head is too large", status=431)
                 )
             return
+        if self._refused:
+            self._answer_over_limit()
+            return
         try:
             request = parse_request_head(bytes(self._buffer[:end]), self._header_cache)
         except MalformedRequestError as exc:
@@ -229,6 +252,8 @@ class FrontDoor(asyncio.Protocol):
             self._hand_over()
             return
         self._idle_deadline = None  # the timer runs between requests only
+        if self._counted:
+            self._callers.busy(self)
         rest = bytes(memoryview(self._buffer)[end + 4 :])
         self._buffer.clear()
         self._scanned = 0
@@ -463,6 +488,20 @@ class FrontDoor(asyncio.Protocol):
         self._buffer = bytearray()
         self.close()
 
+    def _answer_over_limit(self) -> None:
+        callers = self._callers
+        self._keep_alive = False
+        self._answer_status(
+            ProxyRefusal(
+                503,
+                "ServiceUnavailable",
+                f"the tunnel server holds {callers.limit} caller connections, its limit "
+                "(--max-caller-connections), each serving a request; try again shortly",
+            )
+        )
+        self._buffer = bytearray()
+        self.close()
+
     def _hand_over(self) -> None:
         """Give the connection, and what was read of it, to aiohttp."""
         transport = self._transport
@@ -470,6 +509,10 @@ class FrontDoor(asyncio.Protocol):
         self._cancel_idle_timer()
         self._doors.open.discard(self)
         protocol = self._aiohttp_protocol()
+        if self._counted:
+            # Still a caller's connection: counted until it closes.
+            self._counted = False
+            protocol = CountedProtocol(protocol, self._callers)
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
         if self._writing_paused:
@@ -494,6 +537,8 @@ class FrontDoor(asyncio.Protocol):
     def _arm_idle_timer(self) -> None:
         # One timer per connection, not one per request: a timer that fires
         # early (the connection was busy, or idle for less) sets itself again.
+        if self._counted:
+            self._callers.idle(self, refused=self._refused)
         self._idle_deadline = self._loop.time() + self._keepalive_timeout
         if self._idle_timer is None:
             self._idle_timer = self._loop.call_at(self._idle_deadline, self._idle_timeout)
@@ -509,6 +554,7 @@ class FrontDoor(asyncio.Protocol):
         self.close()
 
     def _cancel_idle_timer(self) -> None:
+        self._callers.busy(self)
         self._idle_deadline = None
         if self._idle_timer is not None:
             self._idle_timer.cancel()
@@ -576,3 +622,12 @@ async def _response_head(stream: MuxStream, exchange: ProxyExchange) -> tuple[Re
                 raise ProxyRefusal(502, "BadGateway", "the agent answered a plain request with 1xx")
             exchange.status = parser.head.status
             return parser.head, early
+
+
+def _has_client_certificate(transport: asyncio.BaseTransport) -> bool:
+    """The peer presented a certificate this server's CA issued: an agent, not a caller.
+
+    The TLS handshake verified it already (an invalid one fails the handshake).
+    """
+    ssl_object = transport.get_extra_info("ssl_object")
+    return ssl_object is not None and ssl_object.getpeercert(binary_form=True) is not None

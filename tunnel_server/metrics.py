@@ -11,14 +11,21 @@ import bisect
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from tunnel_mux import Session
 from tunnel_mux.metrics import SessionCollector
 
-__all__ = ["KNOWN_VERBS", "ProxyRequestCollector", "ServerMetrics"]
+from .callerlimit import CallerConnections
+
+__all__ = ["KNOWN_VERBS", "CallerConnectionCollector", "ProxyRequestCollector", "ServerMetrics"]
 
 KNOWN_VERBS = frozenset(
     {
@@ -95,6 +102,36 @@ class ProxyRequestCollector(Collector):
         yield durations
 
 
+class CallerConnectionCollector(Collector):
+    """Callers' connections open, their bound, and those closed or refused at it."""
+
+    def __init__(self, callers: CallerConnections) -> None:
+        self._callers = callers
+
+    def collect(self) -> Iterator[Metric]:
+        callers = self._callers
+        yield GaugeMetricFamily(
+            "tunnel_server_caller_connections",
+            "Connections callers (not agents) hold open.",
+            value=callers.open,
+        )
+        yield GaugeMetricFamily(
+            "tunnel_server_caller_connections_limit",
+            "The most connections callers may hold open (--max-caller-connections).",
+            value=callers.limit,
+        )
+        yield CounterMetricFamily(
+            "tunnel_server_caller_connections_evicted",
+            "Idle caller connections closed to make room for a new one, at the limit.",
+            value=callers.evicted,
+        )
+        yield CounterMetricFamily(
+            "tunnel_server_caller_connections_refused",
+            "Caller connections answered 503 at the limit, every other one serving a request.",
+            value=callers.refused,
+        )
+
+
 class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -159,6 +196,10 @@ class ServerMetrics:
         if session in self._live:
             self._live.discard(session)
             self.sessions.retire(session)
+
+    def watch_callers(self, callers: CallerConnections) -> None:
+        """Report ``callers``' connections (the front doors are made after the metrics)."""
+        self.registry.register(CallerConnectionCollector(callers))
 
     def observe_proxy(self, verb: str, code: int, seconds: float) -> None:
         self.proxies.observe(verb, code, seconds)

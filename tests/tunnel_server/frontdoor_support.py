@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_kubectl_tunnel import Tunnel
-from tunnel_pki.tls import client_context
+from tunnel_pki.tls import client_context, server_context
 from tunnel_server.app import FRONT_DOORS
-from tunnel_server.frontdoor import FrontDoors
+from tunnel_server.callerlimit import DEFAULT_MAX_CALLER_CONNECTIONS
+from tunnel_server.frontdoor import KEEPALIVE_TIMEOUT, FrontDoor, FrontDoors
 
 from ..integration.harness import RunningServer
 
@@ -160,3 +161,35 @@ def assert_closed_as_designed(caplog: pytest.LogCaptureFixture) -> None:
 async def grant_alice(server: RunningServer, cluster: str) -> None:
     status, answer = await server.api("PUT", f"/api/v1/grants/alice/{cluster}", {})
     assert status == 200, answer
+
+
+@contextlib.asynccontextmanager
+async def lean_server(
+    server: RunningServer,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+    max_callers: int = DEFAULT_MAX_CALLER_CONNECTIONS,
+) -> AsyncIterator[tuple[int, FrontDoors]]:
+    """A second TLS port of ``server``'s app whose front doors use these settings."""
+    state = server.settings.state_dir
+    ssl = server_context(
+        (state / "server.crt").read_bytes(), (state / "server.key").read_bytes(), server.ca_pem
+    )
+    runner = server.runner
+    front_doors = FrontDoors(max_callers)
+
+    def aiohttp_connection() -> asyncio.Protocol:
+        assert runner.server is not None
+        return runner.server()
+
+    def front_door() -> asyncio.Protocol:
+        return FrontDoor(
+            runner.app, aiohttp_connection, front_doors, keepalive_timeout=keepalive_timeout
+        )
+
+    listening = await asyncio.get_running_loop().create_server(front_door, "127.0.0.1", 0, ssl=ssl)
+    try:
+        yield listening.sockets[0].getsockname()[1], front_doors
+    finally:
+        listening.close()
+        await front_doors.close()
+        await listening.wait_closed()

@@ -168,6 +168,15 @@ SERVER_FLAGS = [
         8,
     ),
     FlagCase(
+        "--max-caller-connections",
+        "TUNNEL_SERVER_MAX_CALLER_CONNECTIONS",
+        "1000",
+        "10",
+        lambda a, s: s.tunnel.max_caller_connections,
+        1000,
+        10,
+    ),
+    FlagCase(
         "--max-pending-commands",
         "TUNNEL_SERVER_MAX_PENDING_COMMANDS",
         "500",
@@ -257,6 +266,7 @@ def test_server_defaults_without_flags_or_environment() -> None:
     assert settings.tunnel.shutdown_grace == 30.0
     assert settings.commands.max_pending == 10_000
     assert settings.tunnel.max_requests_per_user == 1024
+    assert settings.tunnel.max_caller_connections == 4096
 
 
 @pytest.mark.parametrize(
@@ -337,7 +347,9 @@ def test_a_duration_too_long_or_not_in_ascii_digits_is_refused(value: str) -> No
         server_settings("--max-api-token-ttl", value)
 
 
-@pytest.mark.parametrize("flag", ["--max-pending-commands", "--max-requests-per-user"])
+@pytest.mark.parametrize(
+    "flag", ["--max-pending-commands", "--max-requests-per-user", "--max-caller-connections"]
+)
 @pytest.mark.parametrize("value", ["0", "-5", "many", "1.5"])
 def test_counts_must_be_positive_whole_numbers(flag: str, value: str) -> None:
     with pytest.raises(ConfigError, match=f"{flag} must be a whole number"):

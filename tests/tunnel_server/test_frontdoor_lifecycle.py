@@ -26,11 +26,9 @@ from tunnel_agent.kubeproxy import KubeProxy
 from tunnel_agent.policy import ProxyPolicy
 from tunnel_agent.router import StreamRouter
 from tunnel_mux import MuxStream, Session
-from tunnel_pki.tls import server_context
-from tunnel_server.frontdoor import FrontDoor, FrontDoors
 from tunnel_server.http1 import chunk
 
-from ..integration.harness import RunningServer, agent_settings, running_agent
+from ..integration.harness import agent_settings, running_agent
 from ..support import until
 from .frontdoor_support import (
     ANSWER_TIMEOUT,
@@ -42,6 +40,7 @@ from .frontdoor_support import (
     doors,
     get,
     grant_alice,
+    lean_server,
     request,
 )
 
@@ -222,36 +221,6 @@ async def test_a_caller_closing_its_tls_session_mid_watch_logs_no_warning(
 
 
 # ---------------------------------------------------------------- idle time
-
-
-@contextlib.asynccontextmanager
-async def lean_server(
-    server: RunningServer, keepalive_timeout: float
-) -> AsyncIterator[tuple[int, FrontDoors]]:
-    """A second TLS port of ``server``'s app whose front doors use ``keepalive_timeout``."""
-    state = server.settings.state_dir
-    ssl = server_context(
-        (state / "server.crt").read_bytes(), (state / "server.key").read_bytes(), server.ca_pem
-    )
-    runner = server.runner
-    front_doors = FrontDoors()
-
-    def aiohttp_connection() -> asyncio.Protocol:
-        assert runner.server is not None
-        return runner.server()
-
-    def front_door() -> asyncio.Protocol:
-        return FrontDoor(
-            runner.app, aiohttp_connection, front_doors, keepalive_timeout=keepalive_timeout
-        )
-
-    listening = await asyncio.get_running_loop().create_server(front_door, "127.0.0.1", 0, ssl=ssl)
-    try:
-        yield listening.sockets[0].getsockname()[1], front_doors
-    finally:
-        listening.close()
-        await front_doors.close()
-        await listening.wait_closed()
 
 
 async def test_an_idle_connection_is_closed_after_the_keepalive_timeout(tunnel: Tunnel) -> None:

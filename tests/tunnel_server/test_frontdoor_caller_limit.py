@@ -1,0 +1,162 @@
+"""The bound on callers' connections, on a real server with real TLS.
+
+Callers (anything without the client certificate of an agent) may hold at most
+``--max-caller-connections`` connections: past it the longest idle one is
+closed, and when every one serves a request the newcomer is answered 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from tests.e2e import test_kubectl_tunnel as kubectl_e2e
+from tests.e2e.test_kubectl_tunnel import Tunnel
+from tunnel_agent.credentials import DirectoryCredentialStore
+from tunnel_pki.tls import client_context
+from tunnel_server.frontdoor import KEEPALIVE_TIMEOUT
+
+from ..integration.harness import running_server, server_settings
+from ..integration.test_observability import server_metrics
+from ..support import until
+from .frontdoor_support import (
+    ANSWER_TIMEOUT,
+    PODS,
+    Caller,
+    assert_status_object,
+    caller,
+    connect,
+    get,
+    lean_server,
+)
+
+server = kubectl_e2e.server
+tunnel = kubectl_e2e.tunnel
+
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+@asynccontextmanager
+async def watching(tunnel: Tunnel, port: int) -> AsyncIterator[Caller]:
+    """A caller whose connection serves a watch, its first event already read."""
+    async with caller(tunnel.server, port) as connection:
+        connection.send(get(tunnel, f"{PODS}?watch=true"))
+        head = await asyncio.wait_for(connection.reader.readuntil(b"\r\n\r\n"), ANSWER_TIMEOUT)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        await asyncio.wait_for(connection.reader.readuntil(b"\n\r\n"), ANSWER_TIMEOUT)
+        yield connection
+
+
+async def test_at_the_limit_the_connection_idle_the_longest_is_closed_to_make_room(
+    tunnel: Tunnel,
+) -> None:
+    async with (
+        lean_server(tunnel.server, max_callers=2) as (port, doors),
+        caller(tunnel.server, port) as first,
+        caller(tunnel.server, port) as second,
+    ):
+        for connection in (first, second):
+            connection.send(get(tunnel, f"{PODS}/demo"))
+            assert (await connection.reply()).status == 200
+        async with caller(tunnel.server, port) as third:
+            assert await first.closed()
+            for connection in (second, third):
+                connection.send(get(tunnel, f"{PODS}/demo"))
+                assert (await connection.reply()).status == 200
+            assert (doors.callers.open, doors.callers.evicted) == (2, 1)
+
+
+async def test_at_the_limit_with_every_connection_busy_a_new_caller_is_answered_503(
+    tunnel: Tunnel,
+) -> None:
+    async with (
+        lean_server(tunnel.server, max_callers=2) as (port, doors),
+        watching(tunnel, port) as first,
+        watching(tunnel, port),
+        caller(tunnel.server, port) as refused,
+    ):
+        refused.send(get(tunnel, f"{PODS}/demo"))
+        reply = await refused.reply()
+        assert_status_object(reply, 503, "ServiceUnavailable")
+        assert (
+            "holds 2 caller connections, its limit (--max-caller-connections)"
+            in (reply.json()["message"])
+        )
+        assert reply.header("retry-after") == "1"
+        assert reply.header("connection") == "close"
+        assert await refused.closed()
+        assert doors.callers.refused == 1
+        # The watches it could not displace go on.
+        tunnel.stub.add_pod("later")
+        event = await asyncio.wait_for(first.reader.readuntil(b"\n\r\n"), ANSWER_TIMEOUT)
+        assert b'"later"' in event
+
+
+async def test_a_connection_handed_to_aiohttp_counts_until_it_closes(tunnel: Tunnel) -> None:
+    """The REST API and upgrades leave the front door but not the count; they are never evicted."""
+    async with lean_server(tunnel.server, max_callers=1) as (port, doors):
+        async with caller(tunnel.server, port) as handed:
+            handed.send(HEALTHZ)
+            assert (await handed.reply()).status == 200
+            assert doors.open == set()  # aiohttp's now
+            async with caller(tunnel.server, port) as refused:
+                refused.send(get(tunnel, f"{PODS}/demo"))
+                assert_status_object(await refused.reply(), 503, "ServiceUnavailable")
+            handed.send(HEALTHZ)  # still open: it was not closed to make room
+            assert (await handed.reply()).status == 200
+        await until(lambda: doors.callers.open == 0)
+        async with caller(tunnel.server, port) as later:
+            later.send(get(tunnel, f"{PODS}/demo"))
+            assert (await later.reply()).status == 200
+
+
+async def test_an_agents_connection_is_not_counted_so_callers_cannot_keep_agents_out(
+    tunnel: Tunnel,
+) -> None:
+    credentials = await DirectoryCredentialStore(tunnel.settings_dir / "creds").load()
+    assert credentials is not None
+    with_certificate = client_context(
+        credentials.ca_pem, cert_pem=credentials.cert_pem, key_pem=credentials.key_pem
+    )
+    async with (
+        lean_server(tunnel.server, max_callers=1) as (port, doors),
+        watching(tunnel, port),
+    ):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=with_certificate)
+        agent = Caller(reader, writer)
+        try:
+            agent.send(HEALTHZ)
+            assert (await agent.reply()).status == 200
+            assert (doors.callers.open, doors.callers.refused) == (1, 0)
+        finally:
+            await agent.close()
+
+
+async def test_the_servers_own_listener_applies_the_limit(tmp_path: Path) -> None:
+    """--max-caller-connections reaches the front doors of ``start_server``."""
+    settings = server_settings(tmp_path / "state")
+    limited = dataclasses.replace(settings.tunnel, max_caller_connections=1)
+    async with running_server(dataclasses.replace(settings, tunnel=limited)) as limited_server:
+        idle = await connect(limited_server)
+        try:
+            async with caller(limited_server) as newcomer:
+                assert await idle.closed()
+                newcomer.send(HEALTHZ)
+                assert (await newcomer.reply()).status == 200
+        finally:
+            await idle.close()
+        metrics = await server_metrics(limited_server)
+        assert metrics[("tunnel_server_caller_connections_evicted_total", ())] == 1
+        assert metrics[("tunnel_server_caller_connections_limit", ())] == 1
+
+
+async def test_a_connection_handed_to_aiohttp_idles_no_longer_than_the_front_doors(
+    tunnel: Tunnel,
+) -> None:
+    """aiohttp's own default keeps an idle connection for an hour."""
+    runner = tunnel.server.runner
+    assert runner.server is not None
+    assert runner.server().keepalive_timeout == KEEPALIVE_TIMEOUT
