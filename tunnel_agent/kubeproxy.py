@@ -136,9 +136,10 @@ class KubeProxy:
             head = RequestHead.from_open_headers(stream.headers)
         except MalformedFrameError as exc:
             return Refusal(400, "BadRequest", f"invalid request: {exc}")
-        refusal = self.policy.check(head)
-        if refusal is None:
-            return head
+        checked = self.policy.check(head)
+        if isinstance(checked, RequestHead):
+            return checked
+        refusal = checked
         self.refusals += 1
         logger.info("refused %s %s: %s", head.method, head.path[:200], refusal.message)
         return refusal

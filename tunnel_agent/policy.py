@@ -4,12 +4,23 @@ The cluster owner trusts the agent, not the server; so the agent checks every
 request before it reaches the API server, whatever the server allowed: only
 the API server as target (paths, never host:port), only ``tunnel:``
 identities, and optionally read-only, a namespace scope, and no Secret values.
+
+No Secret values (the default) leaves one thing to do with Secrets: list their
+names. Every other answer about a Secret can carry its values: a get, list or
+watch as JSON or as a Table with ``includeObject=Object``; the object a
+create, update, patch (a dry run included) or delete returns; even the object
+metadata a Table carries by default, whose ``last-applied-configuration``
+annotation holds what ``kubectl apply`` sent. So the agent refuses all of
+those, and rewrites a Table request itself (the ``Accept`` header and
+``includeObject``) rather than trusting how the API server would read the
+caller's version of them.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlencode
 
 from protocol.http import Headers, RequestHead
 from tunnel_kube import ApiRequest, parse_api_request
@@ -45,8 +56,8 @@ class ProxyPolicy:
     namespaces: frozenset[str] = frozenset()
     allow_secret_values: bool = False
 
-    def check(self, head: RequestHead) -> Refusal | None:
-        """None when the request may go on; otherwise why not."""
+    def check(self, head: RequestHead) -> RequestHead | Refusal:
+        """The request as it may go on (narrowed, for Secrets), or why it may not."""
         refusal = _identity_refusal(head.headers)
         if refusal is not None:
             return refusal
@@ -60,12 +71,9 @@ class ProxyPolicy:
             scope = ", ".join(sorted(self.namespaces))
             where = request.namespace or "cluster-wide"
             return _forbidden(f"this agent serves namespaces {scope} only, not {where} requests")
-        if _reads_secret_values(request, head) and not self.allow_secret_values:
-            return _forbidden(
-                "Secret values are not served through this tunnel "
-                "(the agent runs without --allow-secret-values)"
-            )
-        return None
+        if request.resource == "secrets" and not request.api_group and not self.allow_secret_values:
+            return _secret_names_only(request, head)
+        return head
 
 
 @functools.lru_cache(maxsize=64)
@@ -89,14 +97,67 @@ def _identity_refusal(headers: Headers) -> Refusal | None:
     return None
 
 
-def _reads_secret_values(request: ApiRequest, head: RequestHead) -> bool:
-    if request.resource != "secrets" or request.api_group or request.subresource:
-        return False
+#: What a Table of Secrets may be written as.
+_TABLE_MEDIA_TYPES = ("application/json", "application/yaml")
+_NO_VALUES = "(the agent runs without --allow-secret-values)"
+
+
+def _secret_names_only(request: ApiRequest, head: RequestHead) -> RequestHead | Refusal:
+    """A request about Secrets narrowed to a Table of names, or refused."""
     if request.verb not in ("get", "list", "watch"):
-        return False
-    # Tables list names and ages, never data.
-    accept = head.header("accept") or ""
-    return "as=Table" not in accept
+        return _forbidden(
+            "Secrets can only be listed by name through this tunnel: the API server's "
+            f"answer to a {request.verb} would carry their values {_NO_VALUES}"
+        )
+    accept = _table_accept(head.header("accept") or "")
+    if not accept:
+        return _forbidden(
+            "Secret values are not served through this tunnel; a table of their names is, "
+            f"as `kubectl get secrets` asks for it {_NO_VALUES}"
+        )
+    path, _, query = head.path.partition("?")
+    kept = []
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name.lower() != "includeobject":
+            kept.append((name, value))
+        elif value != "None" and value != "Metadata":
+            return _forbidden(
+                f"includeObject={value[:32]} would carry the Secrets' values, and is not "
+                f"allowed through this tunnel (kubectl get --sort-by asks for it) {_NO_VALUES}"
+            )
+    # Not even the metadata: its last-applied-configuration annotation can
+    # hold the values that kubectl apply sent.
+    kept.append(("includeObject", "None"))
+    headers = (*((n, v) for n, v in head.headers if n != "accept"), ("accept", accept))
+    return RequestHead(head.method, f"{path}?{urlencode(kept)}", headers, head.upgrade)
+
+
+def _table_accept(accept: str) -> str:
+    """The caller's ``Accept``, kept to its Table media ranges and written anew; or ''.
+
+    Each range is rebuilt from what was checked, so no parameter the caller
+    added (a second ``as``, say) reaches the API server to make it answer
+    something else.
+    """
+    tables = []
+    for media_range in accept.split(","):
+        media_type, *parameters = (part.strip() for part in media_range.split(";"))
+        if media_type.lower() not in _TABLE_MEDIA_TYPES:
+            continue
+        pairs = [parameter.partition("=") for parameter in parameters]
+        values: dict[str, list[str]] = {}
+        for name, _, value in pairs:
+            name = name.strip().lower()
+            if name != "q":
+                values.setdefault(name, []).append(value.strip())
+        if (
+            values.get("as") == ["Table"]
+            and values.get("g") == ["meta.k8s.io"]
+            and values.get("v") in (["v1"], ["v1beta1"])
+            and len(values) == 3
+        ):
+            tables.append(f"{media_type.lower()};as=Table;v={values['v'][0]};g=meta.k8s.io")
+    return ",".join(tables)
 
 
 def _forbidden(message: str) -> Refusal:

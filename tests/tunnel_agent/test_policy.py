@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl
+
 import pytest
 
 from protocol.http import RequestHead
-from tunnel_agent.policy import ProxyPolicy
+from tunnel_agent.policy import ProxyPolicy, Refusal
 
 ALICE = (("impersonate-user", "tunnel:alice"), ("impersonate-group", "tunnel:platform"))
 
@@ -27,7 +29,8 @@ def head(method: str, path: str, *extra: tuple[str, str], identity: bool = True)
     ],
 )
 def test_read_only_allows_reads_logs_discovery_and_self_reviews(method: str, path: str) -> None:
-    assert ProxyPolicy(read_only=True).check(head(method, path)) is None
+    request = head(method, path)
+    assert ProxyPolicy(read_only=True).check(request) is request
 
 
 @pytest.mark.parametrize(
@@ -44,7 +47,7 @@ def test_read_only_allows_reads_logs_discovery_and_self_reviews(method: str, pat
 )
 def test_read_only_refuses_writes_exec_and_port_forward(method: str, path: str, word: str) -> None:
     refusal = ProxyPolicy(read_only=True).check(head(method, path))
-    assert refusal is not None
+    assert isinstance(refusal, Refusal)
     assert refusal.status == 403
     assert "read-only" in refusal.message
     assert word in refusal.message
@@ -52,32 +55,155 @@ def test_read_only_refuses_writes_exec_and_port_forward(method: str, path: str, 
 
 def test_writable_agent_allows_writes_and_exec() -> None:
     policy = ProxyPolicy()
-    assert policy.check(head("DELETE", "/api/v1/namespaces/default/pods/web")) is None
-    assert policy.check(head("GET", "/api/v1/namespaces/default/pods/web/exec")) is None
+    for request in (
+        head("DELETE", "/api/v1/namespaces/default/pods/web"),
+        head("GET", "/api/v1/namespaces/default/pods/web/exec"),
+    ):
+        assert policy.check(request) is request
 
 
 def test_namespace_scope_refuses_other_namespaces_and_cluster_wide_requests() -> None:
     policy = ProxyPolicy(namespaces=frozenset({"team-a"}))
-    assert policy.check(head("GET", "/api/v1/namespaces/team-a/pods")) is None
-    assert policy.check(head("GET", "/api/v1/namespaces/team-a")) is None
-    assert policy.check(head("GET", "/apis")) is None  # discovery is not a resource
+    for path in ("/api/v1/namespaces/team-a/pods", "/api/v1/namespaces/team-a", "/apis"):
+        request = head("GET", path)  # discovery is not a resource
+        assert policy.check(request) is request
     for path in ("/api/v1/namespaces/team-b/pods", "/api/v1/pods", "/api/v1/nodes"):
         refusal = policy.check(head("GET", path))
-        assert refusal is not None, path
+        assert isinstance(refusal, Refusal), path
         assert "team-a" in refusal.message
 
 
-def test_secret_values_are_withheld_but_tables_of_names_pass() -> None:
-    policy = ProxyPolicy()
-    for path in ("/api/v1/namespaces/default/secrets", "/api/v1/namespaces/default/secrets/db"):
-        refusal = policy.check(head("GET", path))
-        assert refusal is not None
-        assert "--allow-secret-values" in refusal.message
-    table = ("accept", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json")
-    assert policy.check(head("GET", "/api/v1/namespaces/default/secrets", table)) is None
-    assert policy.check(head("DELETE", "/api/v1/namespaces/default/secrets/db")) is None
+SECRETS = "/api/v1/namespaces/default/secrets"
+#: What kubectl get sends: Tables first, plain JSON as a fallback.
+KUBECTL_ACCEPT = (
+    "application/json;as=Table;v=v1;g=meta.k8s.io,"
+    "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+)
+TABLE_ONLY = (
+    "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io"
+)
+
+
+def narrowed(request: RequestHead) -> RequestHead:
+    checked = ProxyPolicy().check(request)
+    assert isinstance(checked, RequestHead), checked
+    return checked
+
+
+def accept_of(request: RequestHead) -> list[str]:
+    return [value for name, value in request.headers if name == "accept"]
+
+
+def refusal_of(request: RequestHead) -> Refusal:
+    checked = ProxyPolicy().check(request)
+    assert isinstance(checked, Refusal), checked
+    assert checked.status == 403
+    assert "--allow-secret-values" in checked.message
+    return checked
+
+
+@pytest.mark.parametrize(
+    "path", [SECRETS, f"{SECRETS}/db", "/api/v1/secrets", f"{SECRETS}?watch=1"]
+)
+def test_secrets_as_json_are_refused(path: str) -> None:
+    refusal = refusal_of(head("GET", path, ("accept", "application/json")))
+    assert "a table of their names is" in refusal.message
+
+
+def test_a_table_of_secrets_goes_on_as_a_table_only_without_even_their_metadata() -> None:
+    request = narrowed(head("GET", f"{SECRETS}?limit=500", ("accept", KUBECTL_ACCEPT)))
+    assert accept_of(request) == [TABLE_ONLY]  # the JSON fallback is gone
+    assert request.path == f"{SECRETS}?limit=500&includeObject=None"
+    assert request.headers[:2] == ALICE
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [
+        # A range the API server reads as JSON, ahead of a decoy "as=Table".
+        "application/json, text/x;as=Table",
+        "application/json;x=as=Table",
+        "application/json;as=Tables;g=meta.k8s.io;v=v1",
+        # Two "as": the API server keeps the last.
+        "application/json;as=Table;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
+        "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
+        "application/json;as=Table;g=example.com;v=v1",
+        "application/vnd.kubernetes.protobuf;as=Table;g=meta.k8s.io;v=v1",
+        "*/*",
+        "",
+    ],
+)
+def test_an_accept_header_is_a_table_only_if_the_api_server_must_read_it_as_one(
+    accept: str,
+) -> None:
+    refusal_of(head("GET", SECRETS, ("accept", accept)))
+
+
+def test_a_table_range_is_written_anew_keeping_only_what_was_checked() -> None:
+    accept = " application/JSON ; as=Table ; g=meta.k8s.io ; v=v1 ; q=0.9 , application/json"
+    request = narrowed(head("GET", SECRETS, ("accept", accept), ("accept", "application/json")))
+    assert accept_of(request) == ["application/json;as=Table;v=v1;g=meta.k8s.io"]
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["includeObject=Object", "include%4Fbject=Object", "INCLUDEOBJECT=Object", "includeObject=x"],
+)
+def test_a_table_carrying_the_objects_is_refused(query: str) -> None:
+    refusal = refusal_of(head("GET", f"{SECRETS}?{query}", ("accept", KUBECTL_ACCEPT)))
+    assert "includeObject=" in refusal.message
+
+
+@pytest.mark.parametrize(
+    "query", ["includeObject=Metadata", "includeObject=None&includeObject=Metadata"]
+)
+def test_a_table_asking_for_metadata_gets_none(query: str) -> None:
+    request = narrowed(head("GET", f"{SECRETS}/db?{query}", ("accept", KUBECTL_ACCEPT)))
+    assert request.path == f"{SECRETS}/db?includeObject=None"
+
+
+def test_other_query_parameters_reach_the_api_server_as_they_meant() -> None:
+    query = "labelSelector=app%3Dweb%2Ctier+in+%28a%29&watch=1&resourceVersion=7"
+    request = narrowed(head("GET", f"{SECRETS}?{query}", ("accept", KUBECTL_ACCEPT)))
+    path, _, rewritten = request.path.partition("?")
+    assert path == SECRETS
+    assert parse_qsl(rewritten) == [
+        ("labelSelector", "app=web,tier in (a)"),
+        ("watch", "1"),
+        ("resourceVersion", "7"),
+        ("includeObject", "None"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "verb"),
+    [
+        ("POST", SECRETS, "create"),
+        ("PUT", f"{SECRETS}/db", "update"),
+        ("PATCH", f"{SECRETS}/db?dryRun=All", "patch"),
+        ("DELETE", f"{SECRETS}/db", "delete"),
+        ("DELETE", SECRETS, "deletecollection"),
+    ],
+)
+def test_writes_to_secrets_are_refused_since_their_answer_carries_the_values(
+    method: str, path: str, verb: str
+) -> None:
+    refusal = refusal_of(head(method, path, ("accept", KUBECTL_ACCEPT)))
+    assert f"answer to a {verb} would carry their values" in refusal.message
+
+
+def test_with_secret_values_allowed_secrets_pass_unchanged() -> None:
     allowing = ProxyPolicy(allow_secret_values=True)
-    assert allowing.check(head("GET", "/api/v1/namespaces/default/secrets/db")) is None
+    for request in (
+        head("GET", f"{SECRETS}/db?includeObject=Object", ("accept", "application/json")),
+        head("PATCH", f"{SECRETS}/db"),
+    ):
+        assert allowing.check(request) is request
+
+
+def test_other_resources_named_secrets_are_not_secrets() -> None:
+    request = head("GET", "/apis/example.com/v1/namespaces/default/secrets")
+    assert ProxyPolicy().check(request) is request
 
 
 @pytest.mark.parametrize(
@@ -95,5 +221,5 @@ def test_requests_without_a_tunnel_identity_are_refused(
     headers: tuple[tuple[str, str], ...],
 ) -> None:
     refusal = ProxyPolicy().check(RequestHead("GET", "/api/v1/pods", headers))
-    assert refusal is not None
+    assert isinstance(refusal, Refusal)
     assert refusal.status == 403
