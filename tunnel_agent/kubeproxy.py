@@ -26,7 +26,7 @@ import aiohttp
 from protocol.errors import ErrorCode, MalformedFrameError
 from protocol.http import Headers, RequestHead, encode_response_head
 from protocol.kinds import HTTP_ACCESS_REVOKED
-from tunnel_kube import status_body
+from tunnel_kube import error_answer
 from tunnel_mux import MuxStream, SessionError, StreamResetError
 
 from .kubeapi import KubeApi
@@ -220,15 +220,28 @@ class KubeProxy:
 
 
 async def _answer_status(stream: MuxStream, refusal: Refusal) -> None:
-    """Answer with a Kubernetes Status, as the API server would."""
-    body = status_body(refusal.status, refusal.reason, refusal.message)
+    """Answer with a Kubernetes Status, as the API server would (``error_answer``)."""
+    body, content_type = error_answer(
+        refusal.status, refusal.reason, refusal.message, _accept_of(stream)
+    )
     head = encode_response_head(
         refusal.status,
         refusal.reason,
-        [("content-type", "application/json"), ("content-length", str(len(body)))],
+        [("content-type", content_type), ("content-length", str(len(body)))],
     )
     try:
         await stream.write(head + body)
         stream.end()
     except SessionError:
         stream.reset(ErrorCode.CANCEL)
+
+
+def _accept_of(stream: MuxStream) -> str:
+    """The request's Accept header, looked for in the OPEN's headers even if they are invalid."""
+    headers = stream.headers.get("headers")
+    if isinstance(headers, list | tuple):
+        for pair in headers:
+            if isinstance(pair, list | tuple) and len(pair) == 2 and pair[0] == "accept":
+                value = pair[1]
+                return value if isinstance(value, str) else ""
+    return ""

@@ -7,6 +7,6 @@ Standard library only.
 """
 
 from .requests import ApiRequest, parse_api_request
-from .status import status_body
+from .status import error_answer, status_body
 
-__all__ = ["ApiRequest", "parse_api_request", "status_body"]
+__all__ = ["ApiRequest", "error_answer", "parse_api_request", "status_body"]

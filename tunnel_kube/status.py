@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["status_body"]
+__all__ = ["error_answer", "status_body"]
+
+#: In the Accept header of a client asking for aggregated discovery.
+_AGGREGATED_DISCOVERY = "apidiscovery.k8s.io"
+JSON = "application/json"
+PLAIN_TEXT = "text/plain; charset=utf-8"
 
 
 def status_body(code: int, reason: str, message: str) -> bytes:
@@ -24,3 +29,17 @@ def status_body(code: int, reason: str, message: str) -> bytes:
             "code": code,
         }
     ).encode()
+
+
+def error_answer(code: int, reason: str, message: str, accept: str) -> tuple[bytes, str]:
+    """The body of a refusal, and its Content-Type, for a client that sent ``accept``.
+
+    A Status in JSON, except for a client asking for aggregated discovery:
+    the first request of most kubectl commands, whenever kubectl's discovery
+    cache is empty (a new machine, a CI job). client-go cannot read a Status
+    from that answer, and prints ``Error from server (Forbidden): unknown``;
+    a ``text/plain`` body it prints as it is.
+    """
+    if _AGGREGATED_DISCOVERY in accept:
+        return f"{message}\n".encode(), PLAIN_TEXT
+    return status_body(code, reason, message), JSON

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from protocol.errors import MalformedFrameError
 from protocol.http import METHODS, ResponseHead, ResponseHeadParser
-from tunnel_kube import status_body
+from tunnel_kube import error_answer
 from tunnel_kube.tcp_keepalive import enable_tcp_keepalive
 from tunnel_mux import MuxStream, SessionError
 
@@ -232,13 +232,13 @@ class FrontDoor(asyncio.Protocol):
                     MalformedRequestError("the request head is too large", status=431)
                 )
             return
-        if self._refused:
-            self._answer_over_limit()
-            return
         try:
             request = parse_request_head(bytes(self._buffer[:end]), self._header_cache)
         except MalformedRequestError as exc:
             self._answer_bad_request(exc)
+            return
+        if self._refused:
+            self._answer_over_limit(request)
             return
         cluster = cluster_of(request.target)
         if (
@@ -353,7 +353,7 @@ class FrontDoor(asyncio.Protocol):
         except ProxyRefusal as refusal:
             exchange.refused(refusal)
             if not head_sent:
-                self._answer_status(refusal)
+                self._answer_status(refusal, _accept_of(request))
         except ConnectionError:
             # The caller went away mid-response: the relayed request ends too.
             logger.info("the caller left mid-response", extra={"cluster": cluster})
@@ -365,7 +365,8 @@ class FrontDoor(asyncio.Protocol):
             self._keep_alive = False
             if not head_sent:
                 self._answer_status(
-                    ProxyRefusal(500, "InternalError", "the tunnel server failed; see its log")
+                    ProxyRefusal(500, "InternalError", "the tunnel server failed; see its log"),
+                    _accept_of(request),
                 )
 
     async def _relay_response(
@@ -463,11 +464,11 @@ class FrontDoor(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
-    def _answer_status(self, refusal: ProxyRefusal) -> None:
+    def _answer_status(self, refusal: ProxyRefusal, accept: str) -> None:
         if self._body is not None and not self._body.complete:
             self._keep_alive = False  # the rest of the body is still on its way
-        body = status_body(refusal.code, refusal.reason, refusal.message)
-        headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
+        body, content_type = error_answer(refusal.code, refusal.reason, refusal.message, accept)
+        headers = [("content-type", content_type), ("content-length", str(len(body)))]
         if refusal.retry:
             headers.append(("retry-after", "1"))
         if not self._keep_alive:
@@ -488,7 +489,7 @@ class FrontDoor(asyncio.Protocol):
         self._buffer = bytearray()
         self.close()
 
-    def _answer_over_limit(self) -> None:
+    def _answer_over_limit(self, request: CallerRequest) -> None:
         callers = self._callers
         self._keep_alive = False
         self._answer_status(
@@ -497,7 +498,8 @@ class FrontDoor(asyncio.Protocol):
                 "ServiceUnavailable",
                 f"the tunnel server holds {callers.limit} caller connections, its limit "
                 "(--max-caller-connections), each serving a request; try again shortly",
-            )
+            ),
+            _accept_of(request),
         )
         self._buffer = bytearray()
         self.close()
@@ -631,3 +633,10 @@ def _has_client_certificate(transport: asyncio.BaseTransport) -> bool:
     """
     ssl_object = transport.get_extra_info("ssl_object")
     return ssl_object is not None and ssl_object.getpeercert(binary_form=True) is not None
+
+
+def _accept_of(request: CallerRequest) -> str:
+    for name, value in request.headers:
+        if name == "accept":
+            return value
+    return ""

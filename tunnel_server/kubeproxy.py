@@ -19,7 +19,7 @@ from aiohttp import web
 
 from protocol.errors import MalformedFrameError
 from protocol.http import ResponseHeadParser
-from tunnel_kube import status_body
+from tunnel_kube import error_answer
 from tunnel_mux import MuxStream, SessionError
 from tunnel_mux.upgraded import UpgradedReader
 
@@ -52,7 +52,13 @@ async def kube_proxy(request: web.Request) -> web.StreamResponse:
         return await _exchange(request, stream, upgrade is not None, has_body, exchange)
     except ProxyRefusal as refusal:
         exchange.refused(refusal)
-        return kube_status(refusal.code, refusal.reason, refusal.message, retry=refusal.retry)
+        return kube_status(
+            refusal.code,
+            refusal.reason,
+            refusal.message,
+            retry=refusal.retry,
+            accept=request.headers.get("Accept", ""),
+        )
     except asyncio.CancelledError:
         if not exchange.ended:
             exchange.cut_short("cancelled: the caller left, or the server is shutting down")
@@ -193,11 +199,15 @@ def _upgrade_of(request: web.Request) -> str | None:
     return upgrade if upgrade and "upgrade" in tokens else None
 
 
-def kube_status(code: int, reason: str, message: str, *, retry: bool = False) -> web.Response:
-    """A ``metav1.Status`` failure, as the API server would answer (``retry``: Retry-After: 1)."""
-    response = web.Response(
-        status=code, body=status_body(code, reason, message), content_type="application/json"
-    )
+def kube_status(
+    code: int, reason: str, message: str, *, retry: bool = False, accept: str = ""
+) -> web.Response:
+    """A ``metav1.Status`` failure, as the API server would answer (``retry``: Retry-After: 1).
+
+    In plain text for a client asking for aggregated discovery (``error_answer``).
+    """
+    body, content_type = error_answer(code, reason, message, accept)
+    response = web.Response(status=code, body=body, headers={"Content-Type": content_type})
     if retry:
         response.headers["Retry-After"] = "1"
     return response

@@ -84,7 +84,9 @@ async def test_every_kubectl_command_whose_answer_carries_values_is_refused(
     assert result.returncode != 0, result.stdout
     assert "--allow-secret-values" in result.stderr
     assert not carries_the_value(result.stdout + result.stderr)
-    assert tunnel.stub.get("v1", "Secret", "db", "default")["data"] == {"password": ENCODED}
+    stored = tunnel.stub.get("v1", "Secret", "db", "default")
+    assert stored is not None  # not deleted
+    assert stored["data"] == {"password": ENCODED}  # nor changed
 
 
 @pytest.mark.usefixtures("secret")
@@ -131,3 +133,17 @@ async def test_a_table_of_secrets_carries_not_even_their_annotations(tunnel: Tun
     assert table["kind"] == "Table"
     assert [row["cells"][0] for row in table["rows"]] == ["db"]
     assert not carries_the_value(reply.body)
+
+
+@pytest.mark.usefixtures("secret")
+async def test_the_agents_refusal_of_a_discovery_shaped_request_is_plain_text(
+    tunnel: Tunnel,
+) -> None:
+    """The agent writes its refusals as the server does: plain text where client-go needs it."""
+    accept = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+    async with caller(tunnel.server) as connection:
+        connection.send(get(tunnel, f"{SECRETS}/db", f"Accept: {accept}"))
+        reply = await connection.reply()
+    assert reply.status == 403
+    assert reply.header("content-type") == "text/plain; charset=utf-8"
+    assert reply.body.startswith(b"Secret values are not served through this tunnel")

@@ -1,0 +1,33 @@
+"""How the tunnel's own refusals are written: a Status, or plain text for discovery."""
+
+from __future__ import annotations
+
+import json
+
+from tunnel_kube import error_answer
+
+#: What client-go asks /api and /apis for (aggregated discovery, then the old form).
+AGGREGATED = (
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,"
+    "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,"
+    "application/json"
+)
+
+
+def test_a_refusal_is_a_kubernetes_status_in_json() -> None:
+    body, content_type = error_answer(403, "Forbidden", "no grant", "application/json")
+    assert content_type == "application/json"
+    assert json.loads(body) == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "no grant",
+        "reason": "Forbidden",
+        "code": 403,
+    }
+
+
+def test_a_refusal_of_aggregated_discovery_is_the_message_in_plain_text() -> None:
+    body, content_type = error_answer(403, "Forbidden", "no grant", AGGREGATED)
+    assert (body, content_type) == (b"no grant\n", "text/plain; charset=utf-8")
