@@ -193,3 +193,15 @@ async def lean_server(
         listening.close()
         await front_doors.close()
         await listening.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def watching(tunnel: Tunnel, port: int) -> AsyncIterator[Caller]:
+    """A caller whose connection serves a watch of the pods, its first event (demo) read."""
+    async with caller(tunnel.server, port) as connection:
+        connection.send(get(tunnel, f"{PODS}?watch=true"))
+        head = await asyncio.wait_for(connection.reader.readuntil(b"\r\n\r\n"), ANSWER_TIMEOUT)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        first = await asyncio.wait_for(connection.reader.readuntil(b"\n\r\n"), ANSWER_TIMEOUT)
+        assert b'"demo"' in first
+        yield connection

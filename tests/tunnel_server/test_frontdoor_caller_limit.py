@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 from tests.e2e import test_kubectl_tunnel as kubectl_e2e
@@ -31,23 +29,13 @@ from .frontdoor_support import (
     connect,
     get,
     lean_server,
+    watching,
 )
 
 server = kubectl_e2e.server
 tunnel = kubectl_e2e.tunnel
 
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-
-
-@asynccontextmanager
-async def watching(tunnel: Tunnel, port: int) -> AsyncIterator[Caller]:
-    """A caller whose connection serves a watch, its first event already read."""
-    async with caller(tunnel.server, port) as connection:
-        connection.send(get(tunnel, f"{PODS}?watch=true"))
-        head = await asyncio.wait_for(connection.reader.readuntil(b"\r\n\r\n"), ANSWER_TIMEOUT)
-        assert head.startswith(b"HTTP/1.1 200 ")
-        await asyncio.wait_for(connection.reader.readuntil(b"\n\r\n"), ANSWER_TIMEOUT)
-        yield connection
 
 
 async def test_at_the_limit_the_connection_idle_the_longest_is_closed_to_make_room(

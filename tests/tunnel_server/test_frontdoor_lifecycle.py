@@ -42,6 +42,7 @@ from .frontdoor_support import (
     grant_alice,
     lean_server,
     request,
+    watching,
 )
 
 # The stand-in API server behind a real agent, alice's user, grant and token:
@@ -274,18 +275,13 @@ async def test_a_request_in_progress_is_not_cut_by_the_keepalive_timeout(
     """The timer runs between requests only: a watch outlives it."""
     async with (
         lean_server(tunnel.server, keepalive_timeout=0.2) as (port, _),
-        caller(tunnel.server, port) as watching,
+        watching(tunnel, port) as watch,
     ):
-        watching.send(get(tunnel, f"{PODS}?watch=true"))
-        head = await asyncio.wait_for(watching.reader.readuntil(b"\r\n\r\n"), ANSWER_TIMEOUT)
-        assert head.startswith(b"HTTP/1.1 200 ")
-        first = await asyncio.wait_for(watching.reader.readuntil(b"\n\r\n"), ANSWER_TIMEOUT)
-        assert b'"demo"' in first
         async with caller(tunnel.server, port) as idle:
             # Its end shows a whole timeout has passed since the watch started.
             assert await idle.closed()
         tunnel.stub.add_pod("later")
-        event = await asyncio.wait_for(watching.reader.readuntil(b"\n\r\n"), ANSWER_TIMEOUT)
+        event = await asyncio.wait_for(watch.reader.readuntil(b"\n\r\n"), ANSWER_TIMEOUT)
         assert b'"later"' in event
 
 
