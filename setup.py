@@ -48,6 +48,7 @@ COMPILED_MODULES = [
     "tunnel_mux/session.py",
     "tunnel_mux/stream.py",
     "tunnel_mux/timer.py",
+    "tunnel_kube/paths.py",
     "tunnel_kube/requests.py",
     "tunnel_kube/status.py",
     "tunnel_server/callerlimit.py",

@@ -2,8 +2,9 @@
 
 The cluster owner trusts the agent, not the server; so the agent checks every
 request before it reaches the API server, whatever the server allowed: only
-the API server as target (paths, never host:port), only ``tunnel:``
-identities, and optionally read-only, a namespace scope, and no Secret values.
+the API server as target (paths, never host:port, and only paths it cannot
+read otherwise than the agent does), only ``tunnel:`` identities, and
+optionally read-only, a namespace scope, and no Secret values.
 
 No Secret values (the default) leaves one thing to do with Secrets: list their
 names. Every other answer about a Secret can carry its values: a get, list or
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
 
 from protocol.http import Headers, RequestHead
-from tunnel_kube import ApiRequest, parse_api_request
+from tunnel_kube import UNPLAIN_PATH, ApiRequest, is_plain_path, parse_api_request
 
 __all__ = ["IDENTITY_PREFIX", "ProxyPolicy", "Refusal"]
 
@@ -61,6 +62,9 @@ class ProxyPolicy:
         refusal = _identity_refusal(head.headers)
         if refusal is not None:
             return refusal
+        if not is_plain_path(head.path.partition("?")[0]):
+            # Classified below as sent, it could name something else to the API server.
+            return Refusal(400, "BadRequest", UNPLAIN_PATH)
         request = parse_api_request(head.method, head.path)
         self_review = request.resource in _SELF_REVIEWS and request.verb == "create"
         if self.read_only and not (request.is_read or self_review):

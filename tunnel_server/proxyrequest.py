@@ -23,7 +23,7 @@ from protocol import kinds
 from protocol.errors import HeaderTooLargeError, LocalProtocolError
 from protocol.http import RequestHead
 from tunnel_cli import printable
-from tunnel_kube import parse_api_request
+from tunnel_kube import UNPLAIN_PATH, is_plain_path, parse_api_request
 from tunnel_mux import MuxStream, SessionClosedError, SessionError
 
 from .access import AccessCache
@@ -363,19 +363,8 @@ def upstream_path(raw_target: str, cluster: str) -> str:
     if rest.startswith("?"):
         rest = "/" + rest
     path, _, query = rest.partition("?")
-    lowered = path.lower()
-    if (
-        "%2f" in lowered
-        or "%5c" in lowered
-        or "%2e" in lowered
-        or "\\" in path
-        or "//" in path
-        # A "." or ".." segment (the path starts with "/", and "//" is refused above).
-        or "/./" in path
-        or "/../" in path
-        or path.endswith(("/.", "/.."))
-    ):
-        raise ProxyRefusal(400, "BadRequest", "the path must not contain dot or encoded segments")
+    if not is_plain_path(path):
+        raise ProxyRefusal(400, "BadRequest", UNPLAIN_PATH)
     return f"{path}?{query}" if query else path
 
 

@@ -223,3 +223,34 @@ def test_requests_without_a_tunnel_identity_are_refused(
     refusal = ProxyPolicy().check(RequestHead("GET", "/api/v1/pods", headers))
     assert isinstance(refusal, Refusal)
     assert refusal.status == 403
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        # kube-apiserver decodes before it routes: each of these names Secrets.
+        f"{SECRETS}%2Fdb",
+        "/api/v1/namespaces/default%2Fsecrets",
+        "/api%2Fv1%2Fsecrets",
+        "/api/v1/namespaces/default/pods/../secrets",
+        "/api/v1/namespaces/default//secrets",
+        "/api/v1/namespaces/default/secrets%2e",
+        "/api/v1/namespaces\\default",
+    ],
+)
+def test_a_path_the_api_server_could_read_otherwise_is_refused_whatever_the_server_allowed(
+    path: str,
+) -> None:
+    for policy in (ProxyPolicy(), ProxyPolicy(allow_secret_values=True)):
+        refusal = policy.check(head("GET", path, ("accept", "application/json")))
+        assert isinstance(refusal, Refusal)
+        assert (refusal.status, refusal.message) == (
+            400,
+            "the path must not contain dot or encoded segments",
+        )
+
+
+def test_an_encoded_letter_is_read_as_the_api_server_reads_it() -> None:
+    refusal = ProxyPolicy().check(head("GET", "/api/v1/namespaces/default/%73ecrets"))
+    assert isinstance(refusal, Refusal)
+    assert "--allow-secret-values" in refusal.message
