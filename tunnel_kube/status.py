@@ -34,12 +34,13 @@ def status_body(code: int, reason: str, message: str) -> bytes:
 def error_answer(code: int, reason: str, message: str, accept: str) -> tuple[bytes, str]:
     """The body of a refusal, and its Content-Type, for a client that sent ``accept``.
 
-    A Status in JSON, except for a client asking for aggregated discovery:
+    A Status in JSON, except for a client asking for aggregated discovery
+    first (the first media range of its ``Accept``):
     the first request of most kubectl commands, whenever kubectl's discovery
     cache is empty (a new machine, a CI job). client-go cannot read a Status
     from that answer, and prints ``Error from server (Forbidden): unknown``;
     a ``text/plain`` body it prints as it is.
     """
-    if _AGGREGATED_DISCOVERY in accept:
+    if _AGGREGATED_DISCOVERY in accept.partition(",")[0]:
         return f"{message}\n".encode(), PLAIN_TEXT
     return status_body(code, reason, message), JSON

@@ -10,9 +10,10 @@ Past the bound, the caller connection idle the longest (between two requests,
 or before its first) is closed to make room, as the idle timeout would have
 closed it later; a client opens a new one when it needs one. When every
 caller connection is serving a request, the new one is refused: its first
-request is answered 503 with ``Retry-After``. A refused connection waiting for
-its request is idle too, and the next newcomer takes its place, refused in
-turn: so at most one connection is ever open past the limit.
+request is answered 503 with ``Retry-After`` (unless room was made by the
+time it comes). A refused connection waiting for its request is idle too, and
+the next newcomer takes its place, refused in turn unless room was made: so at
+most one connection is ever open past the limit.
 
 The front door tells this module when a connection turns idle and busy; a
 connection handed to aiohttp (the REST API, upgrades) stays counted until it
@@ -48,8 +49,8 @@ class CallerConnections:
         self.limit = limit
         #: Caller connections open now (those closed to make room excepted).
         self.open = 0
-        #: Idle ones, the longest idle first, and whether each was refused.
-        self._idle: OrderedDict[Evictable, bool] = OrderedDict()
+        #: Idle ones, the longest idle first.
+        self._idle: OrderedDict[Evictable, None] = OrderedDict()
         #: For metrics: connections closed to make room, and refused.
         self.evicted = 0
         self.refused = 0
@@ -58,17 +59,19 @@ class CallerConnections:
         """Count a new caller connection; False if it must be refused.
 
         Over the limit, the longest idle connection is closed, and no longer
-        counted, so the new one takes its place (refused, if that one was).
+        counted, so the new one takes its place: admitted if that leaves it
+        within the limit (a refused one closed makes room only if another
+        connection closed meanwhile).
         """
         self.open += 1
         if self.open <= self.limit:
             return True
         if self._idle:
-            oldest, refused = self._idle.popitem(last=False)
+            oldest, _ = self._idle.popitem(last=False)
             self.open -= 1
             self.evicted += 1
             oldest.evict()
-            if not refused:
+            if self.open <= self.limit:
                 return True
         self.refused += 1
         return False
@@ -77,9 +80,9 @@ class CallerConnections:
         """A counted connection closed (one closed to make room was released already)."""
         self.open -= 1
 
-    def idle(self, connection: Evictable, *, refused: bool = False) -> None:
+    def idle(self, connection: Evictable) -> None:
         """``connection`` has nothing in progress: it may be closed to make room."""
-        self._idle[connection] = refused
+        self._idle[connection] = None
         self._idle.move_to_end(connection)
 
     def busy(self, connection: Evictable) -> None:

@@ -238,8 +238,11 @@ class FrontDoor(asyncio.Protocol):
             self._answer_bad_request(exc)
             return
         if self._refused:
-            self._answer_over_limit(request)
-            return
+            callers = self._callers
+            if callers.open > callers.limit:
+                self._answer_over_limit(request)
+                return
+            self._refused = False  # room was made since it came
         cluster = cluster_of(request.target)
         if (
             cluster is None
@@ -540,7 +543,7 @@ class FrontDoor(asyncio.Protocol):
         # One timer per connection, not one per request: a timer that fires
         # early (the connection was busy, or idle for less) sets itself again.
         if self._counted:
-            self._callers.idle(self, refused=self._refused)
+            self._callers.idle(self)
         self._idle_deadline = self._loop.time() + self._keepalive_timeout
         if self._idle_timer is None:
             self._idle_timer = self._loop.call_at(self._idle_deadline, self._idle_timeout)

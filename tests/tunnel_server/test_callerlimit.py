@@ -64,10 +64,23 @@ def test_a_refused_connection_left_idle_gives_its_place_to_the_next_refused_in_t
     assert callers.admit()
     refused = Connection("refused")
     assert not callers.admit()
-    callers.idle(refused, refused=True)
+    callers.idle(refused)
     assert not callers.admit()
     assert refused.evicted
     assert (callers.open, callers.refused) == (2, 2)  # the busy one and the newcomer
+
+
+def test_a_refused_connection_closed_after_room_was_made_admits_the_next() -> None:
+    callers = CallerConnections(limit=2)
+    assert callers.admit()  # busy
+    assert callers.admit()  # busy, then closes
+    refused = Connection("refused")
+    assert not callers.admit()
+    callers.idle(refused)
+    callers.release()  # one of the busy ones closed: there is room now
+    assert callers.admit()
+    assert refused.evicted
+    assert (callers.open, callers.refused) == (2, 1)
 
 
 @pytest.mark.parametrize("limit", [0, -1])

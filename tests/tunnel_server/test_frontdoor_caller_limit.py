@@ -83,6 +83,21 @@ async def test_at_the_limit_with_every_connection_busy_a_new_caller_is_answered_
         assert b'"later"' in event
 
 
+async def test_a_refused_connection_is_served_if_room_was_made_before_its_request(
+    tunnel: Tunnel,
+) -> None:
+    async with lean_server(tunnel.server, max_callers=1) as (port, doors):
+        async with watching(tunnel, port):
+            late = await connect(tunnel.server, port)
+            await until(lambda: doors.callers.refused == 1)
+        await until(lambda: doors.callers.open == 1)  # the watch's connection closed
+        try:
+            late.send(get(tunnel, f"{PODS}/demo"))
+            assert (await late.reply()).status == 200
+        finally:
+            await late.close()
+
+
 async def test_a_connection_handed_to_aiohttp_counts_until_it_closes(tunnel: Tunnel) -> None:
     """The REST API and upgrades leave the front door but not the count; they are never evicted."""
     async with lean_server(tunnel.server, max_callers=1) as (port, doors):
