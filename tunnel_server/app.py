@@ -32,7 +32,7 @@ from .errors import (
     TooManyRequestsError,
     UnavailableError,
 )
-from .frontdoor import KEEPALIVE_TIMEOUT, FrontDoor, FrontDoors
+from .frontdoor import KEEPALIVE_TIMEOUT, LINGER_SECONDS, FrontDoor, FrontDoors
 from .kubeproxy import setup_kube_proxy
 from .listener import BoundedTlsListener
 from .live_requests import LiveRequests
@@ -183,8 +183,10 @@ async def start_server(settings: ServerSettings) -> tuple[web.AppRunner, int]:
         # watch is closed upstream instead of waiting for its next event.
         handler_cancellation=True,
         # A connection handed to aiohttp idles as long as one the front door
-        # keeps (aiohttp's own default is an hour).
+        # keeps (aiohttp's own default is an hour), and an unread body is
+        # waited for as long after an answer.
         keepalive_timeout=KEEPALIVE_TIMEOUT,
+        lingering_time=LINGER_SECONDS,
     )
 
     def aiohttp_connection() -> asyncio.Protocol:

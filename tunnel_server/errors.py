@@ -87,6 +87,11 @@ class ConflictError(ApiError):
     code = "conflict"
 
 
+class RequestTimeoutError(ApiError):
+    status = 408
+    code = "request_timeout"
+
+
 class PayloadTooLargeError(ApiError):
     status = 413
     code = "payload_too_large"

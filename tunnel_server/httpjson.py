@@ -2,27 +2,54 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import datetime
 from typing import Any
 
 from aiohttp import web
 
-from .errors import BadRequestError, PayloadTooLargeError
+from .errors import BadRequestError, PayloadTooLargeError, RequestTimeoutError
 
-__all__ = ["MAX_JSON_BODY", "json_response", "read_json", "require_str", "timestamp"]
+__all__ = [
+    "BODY_TIMEOUT",
+    "MAX_JSON_BODY",
+    "json_response",
+    "read_body",
+    "read_json",
+    "require_str",
+    "timestamp",
+]
 
 #: The largest JSON body the API reads.
 MAX_JSON_BODY = 256 * 1024
+#: How long a request body may take to arrive. The connection is held
+#: meanwhile, and a bootstrap's is held before anything proves who sent it.
+BODY_TIMEOUT = 30.0
+
+
+async def read_body(request: web.Request, limit: int, what: str = "the request body") -> bytes:
+    """The whole body, at most ``limit`` bytes, within :data:`BODY_TIMEOUT`; or 413/408."""
+    too_large = f"{what} may be at most {limit} bytes"
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLargeError(too_large)
+    body = bytearray()
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT):
+            while chunk := await request.content.readany():
+                body += chunk
+                if len(body) > limit:
+                    raise PayloadTooLargeError(too_large)
+    except TimeoutError as exc:
+        raise RequestTimeoutError(
+            f"{what} did not arrive within {BODY_TIMEOUT:g} s ({len(body)} bytes came)"
+        ) from exc
+    return bytes(body)
 
 
 async def read_json(request: web.Request, limit: int = MAX_JSON_BODY) -> dict[str, Any]:
-    """The request's JSON object body, at most ``limit`` bytes, or 400/413."""
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLargeError(f"the request body is larger than {limit} bytes")
-    body = await request.content.read(limit + 1)
-    if len(body) > limit:
-        raise PayloadTooLargeError(f"the request body is larger than {limit} bytes")
+    """The request's JSON object body, at most ``limit`` bytes, or 400/408/413."""
+    body = await read_body(request, limit)
     try:
         value = json.loads(body or b"{}")
     except (ValueError, UnicodeDecodeError) as exc:

@@ -18,8 +18,8 @@ from aiohttp import web
 
 from ..auth import authenticate
 from ..context import CONTEXT, ServerContext
-from ..errors import BadRequestError, ForbiddenError, PayloadTooLargeError
-from ..httpjson import json_response, timestamp
+from ..errors import BadRequestError, ForbiddenError
+from ..httpjson import json_response, read_body, timestamp
 from ..store.base import User
 from ..store.commands import CommandRecord
 from .specs import SpecError, spec_facts
@@ -137,11 +137,7 @@ async def command_logs(request: web.Request) -> web.StreamResponse:
 
 
 async def _read_submission(request: web.Request) -> tuple[dict[str, Any], str | None]:
-    if request.content_length is not None and request.content_length > MAX_SPEC_BODY:
-        raise PayloadTooLargeError(f"a command spec may be at most {MAX_SPEC_BODY} bytes")
-    body = await request.content.read(MAX_SPEC_BODY + 1)
-    if len(body) > MAX_SPEC_BODY:
-        raise PayloadTooLargeError(f"a command spec may be at most {MAX_SPEC_BODY} bytes")
+    body = await read_body(request, MAX_SPEC_BODY, "a command spec")
     key = request.headers.get("Idempotency-Key")
     content_type = request.content_type
     try:
