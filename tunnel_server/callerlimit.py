@@ -2,9 +2,9 @@
 
 A caller's connection costs the server a file descriptor and memory (its TLS
 buffers, its parser) before the caller has shown any credential: so their
-number is bounded (``--max-caller-connections``). Agents, which present the
-client certificate this server issued, are not callers and are not counted:
-no number of callers can keep a cluster's agent out.
+number is bounded (``--max-caller-connections``). Agents, which present a
+client certificate this server issued and has not revoked, are not callers
+and are not counted: no number of callers can keep a bootstrapped agent out.
 
 Past the bound, the caller connection idle the longest (between two requests,
 or before its first) is closed to make room, as the idle timeout would have

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from aiohttp import web
+from cryptography import x509
 
 from protocol.errors import MalformedFrameError
 from protocol.http import METHODS, ResponseHead, ResponseHeadParser
@@ -144,7 +145,7 @@ class FrontDoor(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         enable_tcp_keepalive(transport)
         self._doors.open.add(self)
-        if not _has_client_certificate(transport):
+        if not _is_agent(transport, self._app):
             self._counted = True
             self._refused = not self._callers.admit()
         self._arm_idle_timer()
@@ -629,13 +630,18 @@ async def _response_head(stream: MuxStream, exchange: ProxyExchange) -> tuple[Re
             return parser.head, early
 
 
-def _has_client_certificate(transport: asyncio.BaseTransport) -> bool:
-    """The peer presented a certificate this server's CA issued: an agent, not a caller.
+def _is_agent(transport: asyncio.BaseTransport, app: web.Application) -> bool:
+    """The peer presented a certificate this server's CA issued and has not revoked.
 
     The TLS handshake verified it already (an invalid one fails the handshake).
+    A revoked one is a caller's: only the agent socket would refuse it, and
+    its holder could otherwise keep any number of connections idle, uncounted.
     """
     ssl_object = transport.get_extra_info("ssl_object")
-    return ssl_object is not None and ssl_object.getpeercert(binary_form=True) is not None
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    if der is None:
+        return False
+    return x509.load_der_x509_certificate(der).serial_number not in app[CONTEXT].revoked
 
 
 def _accept_of(request: CallerRequest) -> str:

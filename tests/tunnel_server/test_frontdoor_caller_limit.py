@@ -11,6 +11,8 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
+from cryptography import x509
+
 from tests.e2e import test_kubectl_tunnel as kubectl_e2e
 from tests.e2e.test_kubectl_tunnel import Tunnel
 from tunnel_agent.credentials import DirectoryCredentialStore
@@ -136,6 +138,26 @@ async def test_an_agents_connection_is_not_counted_so_callers_cannot_keep_agents
             assert (doors.callers.open, doors.callers.refused) == (1, 0)
         finally:
             await agent.close()
+
+
+async def test_a_revoked_agent_certificate_counts_as_a_caller(tunnel: Tunnel) -> None:
+    """Only the agent socket refuses it: uncounted, its holder could keep connections idle."""
+    credentials = await DirectoryCredentialStore(tunnel.settings_dir / "creds").load()
+    assert credentials is not None
+    serial = x509.load_pem_x509_certificate(credentials.cert_pem).serial_number
+    tunnel.server.context.revoked.add(serial)
+    with_certificate = client_context(
+        credentials.ca_pem, cert_pem=credentials.cert_pem, key_pem=credentials.key_pem
+    )
+    async with lean_server(tunnel.server, max_callers=1) as (port, doors), watching(tunnel, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=with_certificate)
+        revoked = Caller(reader, writer)
+        try:
+            revoked.send(HEALTHZ)
+            assert_status_object(await revoked.reply(), 503, "ServiceUnavailable")
+            assert doors.callers.refused == 1
+        finally:
+            await revoked.close()
 
 
 async def test_the_servers_own_listener_applies_the_limit(tmp_path: Path) -> None:
