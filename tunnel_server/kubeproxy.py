@@ -24,8 +24,9 @@ from tunnel_mux import MuxStream, SessionError
 from tunnel_mux.upgraded import UpgradedReader
 
 from .context import CONTEXT
-from .proxyrefusal import ProxyRefusal, dropped_refusal
+from .proxyrefusal import ProxyRefusal, dropped_refusal, revoked_reason
 from .proxyrequest import DROPPED_RESPONSE_HEADERS, ProxyExchange, finish, open_relay, upload
+from .wsframes import CLOSE_GOING_AWAY, CLOSE_POLICY, FrameBoundary, close_frame
 
 __all__ = ["PROXY_ROUTE", "kube_status", "setup_kube_proxy"]
 
@@ -158,13 +159,20 @@ async def _relay_upgraded(
     await response.prepare(request)
     transport = request.transport
     assert transport is not None
+    # A WebSocket's frames are followed, so that a break can be told in a close frame.
+    websocket = any(name == "upgrade" and value.lower() == "websocket" for name, value in headers)
+    frames = FrameBoundary() if websocket else None
 
     async def downstream() -> None:
         if early:
             exchange.bytes_out += len(early)
+            if frames is not None:
+                frames.feed(early)
             await response.write(early)
         while chunk := await stream.read():
             exchange.bytes_out += len(chunk)
+            if frames is not None:
+                frames.feed(chunk)
             await response.write(chunk)  # waits while the caller's socket is full
 
     async def upstream() -> None:
@@ -180,6 +188,9 @@ async def _relay_upgraded(
     except (SessionError, ConnectionError) as exc:
         logger.info("upgraded connection ended: %s", exc, extra={"cluster": exchange.cluster})
         exchange.cut_short(exc if isinstance(exc, SessionError) else "the caller left")
+        if isinstance(exc, SessionError) and frames is not None and frames.at_boundary:
+            code = CLOSE_POLICY if revoked_reason(exc) is not None else CLOSE_GOING_AWAY
+            transport.write(close_frame(code, exchange.ended or str(exc)))
     finally:
         for task in tasks:
             task.cancel()

@@ -159,8 +159,10 @@ async def test_revoking_a_users_tokens_ends_its_exec_session(tunnel: Tunnel) -> 
 
     assert status == 200
     assert answer["ended_requests"] == 1
-    code, _ = await ended(session)
+    code, stderr = await ended(session)
     assert code != 0
+    # Told why in the WebSocket's close frame, not cut off ("close 1006 ... unexpected EOF").
+    assert "close 1008 (policy violation): access revoked: the caller's API token" in stderr
 
 
 async def test_a_changed_grant_ends_the_port_forward_opened_under_the_old_identity(

@@ -280,6 +280,20 @@ async def test_a_stalled_log_follower_does_not_slow_other_requests(tunnel: Tunne
     assert statistics.median(during) < max(20 * statistics.median(baseline), 1.0)
 
 
+async def test_agent_loss_ends_an_exec_session_saying_why(tunnel: Tunnel) -> None:
+    session = await tunnel.kubectl.start("exec", "-i", "demo", "--", "cat", stdin=True)
+    assert session.process.stdin is not None
+    session.process.stdin.write(b"still here\n")
+    assert await session.line() == "still here"  # the session is open end to end
+    agent_session = tunnel.agent.agent.session
+    assert agent_session is not None
+    await agent_session.close()  # the agent's socket drops; it will reconnect
+    code = await asyncio.wait_for(session.process.wait(), TIMEOUT)
+    stderr = await session.stop()
+    assert code != 0
+    assert "close 1001 (going away): the session with the cluster's agent ended" in stderr
+
+
 async def test_agent_loss_ends_a_watch_promptly_and_requests_work_after_it_returns(
     tunnel: Tunnel,
 ) -> None:
