@@ -54,7 +54,7 @@ FRONT_DOORS: web.AppKey[FrontDoors] = web.AppKey("front_doors", FrontDoors)
 
 def create_app(settings: ServerSettings, identity: ServerIdentity) -> web.Application:
     """The server's application; its store opens and closes with it."""
-    app = web.Application(middlewares=[_errors], client_max_size=1024 * 1024)
+    app = web.Application(middlewares=[_one_request, _errors], client_max_size=1024 * 1024)
     app.cleanup_ctx.append(_lifecycle(settings, identity))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
@@ -105,6 +105,25 @@ def _lifecycle(
             await store.close()
 
     return lifecycle
+
+
+@web.middleware
+async def _one_request(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A connection the front door handed to aiohttp serves one request, then closes.
+
+    What comes here is rare and seldom repeated on a connection (tunnelctl's
+    REST calls, a bootstrap, a probe, an upgrade, a request with a chunked
+    body), and a connection kept alive here could not be closed to make room
+    for another caller (tunnel_server/callerlimit.py): one request at a time
+    from a flood of connections would otherwise hold them all.
+    """
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        exc.force_close()
+        raise
+    response.force_close()
+    return response
 
 
 @web.middleware

@@ -104,18 +104,32 @@ async def test_a_connection_handed_to_aiohttp_counts_until_it_closes(tunnel: Tun
     """The REST API and upgrades leave the front door but not the count; they are never evicted."""
     async with lean_server(tunnel.server, max_callers=1) as (port, doors):
         async with caller(tunnel.server, port) as handed:
-            handed.send(HEALTHZ)
-            assert (await handed.reply()).status == 200
-            assert doors.open == set()  # aiohttp's now
+            # A bootstrap whose body is still on its way: aiohttp's, and busy.
+            handed.send(
+                b"POST /api/v1/bootstrap HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+            )
+            await until(lambda: not doors.open, max_turns=10**6)  # handed over
             async with caller(tunnel.server, port) as refused:
                 refused.send(get(tunnel, f"{PODS}/demo"))
                 assert_status_object(await refused.reply(), 503, "ServiceUnavailable")
-            handed.send(HEALTHZ)  # still open: it was not closed to make room
-            assert (await handed.reply()).status == 200
         await until(lambda: doors.callers.open == 0)
         async with caller(tunnel.server, port) as later:
             later.send(get(tunnel, f"{PODS}/demo"))
             assert (await later.reply()).status == 200
+
+
+async def test_a_connection_handed_to_aiohttp_serves_one_request_then_closes(
+    tunnel: Tunnel,
+) -> None:
+    """Kept alive, a flood's connections could hold every place with a request a minute."""
+    async with lean_server(tunnel.server) as (port, doors):
+        async with caller(tunnel.server, port) as handed:
+            handed.send(HEALTHZ)
+            reply = await handed.reply()
+            assert (reply.status, reply.header("connection")) == (200, "close")
+            assert await handed.closed()
+        await until(lambda: doors.callers.open == 0)
 
 
 async def test_an_agents_connection_is_not_counted_so_callers_cannot_keep_agents_out(
