@@ -7,8 +7,8 @@ parsed in place, the body streamed both ways with back-pressure on each side
 (the caller's socket pauses the agent's stream through its credit; a full
 stream pauses the caller's socket). Anything else, at a request boundary,
 is handed to aiohttp with the bytes read so far, and the connection is
-aiohttp's from then on: the agent socket, the REST API, upgrades (exec,
-attach, port-forward).
+aiohttp's from then on, for that one request (app.py closes it after): the
+agent socket, the REST API, upgrades (exec, attach, port-forward).
 
 Why: aiohttp's server costs more per request than the whole tunnel on the
 request path (docs/benchmarks.md, "Kubernetes API proxy").
