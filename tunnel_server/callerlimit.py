@@ -17,7 +17,8 @@ most one connection is ever open past the limit.
 
 The front door tells this module when a connection turns idle and busy; a
 connection handed to aiohttp (the REST API, upgrades) stays counted until it
-closes, but is never closed from here.
+closes, but is never closed from here: it serves one request and closes
+(app.py).
 """
 
 from __future__ import annotations

@@ -111,8 +111,8 @@ class FrontDoor(asyncio.Protocol):
         self._aiohttp_protocol = aiohttp_protocol
         self._doors = doors
         self._callers = doors.callers
-        #: A caller's connection (no client certificate): it counts against
-        #: the bound, and may be closed to make room while idle.
+        #: A caller's connection (no agent certificate, or a revoked one): it
+        #: counts against the bound, and may be closed to make room while idle.
         self._counted = False
         #: Over the bound with nothing idle to close: its request gets a 503.
         self._refused = False
