@@ -16,6 +16,7 @@ import pytest
 from tests.e2e import test_kubectl_tunnel as kubectl_e2e
 from tests.e2e.test_kubectl_tunnel import Tunnel
 
+from ..support import until
 from ..tunnel_server.frontdoor_support import PREFIX, caller, get
 
 server = kubectl_e2e.server
@@ -62,6 +63,28 @@ async def test_kubectl_get_secrets_lists_their_names_and_nothing_else(tunnel: Tu
     assert ("includeObject", "None") in parse_qsl(asked.query_string)
     accept = [value for name, value in asked.headers if name.lower() == "accept"]
     assert accept == [f"{TABLE},application/json;as=Table;v=v1beta1;g=meta.k8s.io"]
+
+
+@pytest.mark.usefixtures("secret")
+async def test_kubectl_get_secrets_watch_streams_names_as_they_come(tunnel: Tunnel) -> None:
+    watch = await tunnel.kubectl.start("get", "secrets", "-w", "--no-headers")
+    try:
+        assert (await watch.line()).split()[0] == "db"
+        await until(lambda: tunnel.stub.store.watcher_count >= 1, max_turns=10**7)
+        tunnel.stub.add(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "later", "namespace": "default"},
+                "data": {"token": ENCODED},
+            }
+        )
+        later = await watch.line()
+        assert later.split()[0] == "later"
+        assert not carries_the_value(later)
+    finally:
+        stderr = await watch.stop()
+    assert not carries_the_value(stderr)
 
 
 @pytest.mark.usefixtures("secret")
