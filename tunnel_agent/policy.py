@@ -126,7 +126,8 @@ def _secret_names_only(request: ApiRequest, head: RequestHead) -> RequestHead | 
             kept.append((name, value))
         elif value != "None" and value != "Metadata":
             return _forbidden(
-                f"includeObject={value[:32]} would carry the Secrets' values, and is not "
+                # repr: the caller's text goes into the agent's log, escaped.
+                f"includeObject={value[:32]!r} would carry the Secrets' values, and is not "
                 f"allowed through this tunnel (kubectl get --sort-by asks for it) {_NO_VALUES}"
             )
     # Not even the metadata: its last-applied-configuration annotation can

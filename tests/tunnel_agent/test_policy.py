@@ -151,7 +151,16 @@ def test_a_table_range_is_written_anew_keeping_only_what_was_checked() -> None:
 )
 def test_a_table_carrying_the_objects_is_refused(query: str) -> None:
     refusal = refusal_of(head("GET", f"{SECRETS}?{query}", ("accept", KUBECTL_ACCEPT)))
-    assert "includeObject=" in refusal.message
+    assert "includeObject='" in refusal.message
+
+
+def test_the_callers_text_in_a_refusal_is_escaped() -> None:
+    """It goes into the agent's log: a newline must not start a line of its own."""
+    refusal = refusal_of(
+        head("GET", f"{SECRETS}?includeObject=x%0Afake+log+line", ("accept", KUBECTL_ACCEPT))
+    )
+    assert "\n" not in refusal.message
+    assert "includeObject='x\\nfake log line'" in refusal.message
 
 
 @pytest.mark.parametrize(
