@@ -56,6 +56,7 @@ def create_app(settings: ServerSettings, identity: ServerIdentity) -> web.Applic
     """The server's application; its store opens and closes with it."""
     app = web.Application(middlewares=[_one_request, _errors], client_max_size=1024 * 1024)
     app.cleanup_ctx.append(_lifecycle(settings, identity))
+    app.on_response_prepare.append(_say_close)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
@@ -124,6 +125,17 @@ async def _one_request(request: web.Request, handler: Handler) -> web.StreamResp
         raise
     response.force_close()
     return response
+
+
+async def _say_close(request: web.Request, response: web.StreamResponse) -> None:
+    """A response streamed by its handler says it closes the connection, as _one_request does.
+
+    Its head goes out before the handler returns; without the header, a client
+    that pools connections could send its next request on one being closed.
+    A 101 keeps its ``Connection: upgrade``.
+    """
+    response.force_close()
+    response.headers.setdefault("Connection", "close")
 
 
 @web.middleware

@@ -116,6 +116,9 @@ class FrontDoor(asyncio.Protocol):
         self._counted = False
         #: Over the bound with nothing idle to close: its request gets a 503.
         self._refused = False
+        #: The serial of the agent certificate it presented (not counted while
+        #: that is not revoked), else None.
+        self._agent_serial: int | None = None
         self._keepalive_timeout = keepalive_timeout
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -145,9 +148,9 @@ class FrontDoor(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         enable_tcp_keepalive(transport)
         self._doors.open.add(self)
-        if not _is_agent(transport, self._app):
-            self._counted = True
-            self._refused = not self._callers.admit()
+        self._agent_serial = _agent_serial(transport, self._app)
+        if self._agent_serial is None:
+            self._count()
         self._arm_idle_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -205,6 +208,10 @@ class FrontDoor(asyncio.Protocol):
         """A request is in progress on the connection."""
         return self._task is not None
 
+    def _count(self) -> None:
+        self._counted = True
+        self._refused = not self._callers.admit()
+
     def evict(self) -> None:
         """Close this idle connection to make room for another (it is no longer counted)."""
         self._counted = False
@@ -238,6 +245,10 @@ class FrontDoor(asyncio.Protocol):
         except MalformedRequestError as exc:
             self._answer_bad_request(exc)
             return
+        serial = self._agent_serial
+        if serial is not None and serial in self._app[CONTEXT].revoked:
+            self._agent_serial = None  # revoked since it came: a caller's from now on
+            self._count()
         if self._refused:
             callers = self._callers
             if callers.open > callers.limit:
@@ -630,8 +641,9 @@ async def _response_head(stream: MuxStream, exchange: ProxyExchange) -> tuple[Re
             return parser.head, early
 
 
-def _is_agent(transport: asyncio.BaseTransport, app: web.Application) -> bool:
-    """The peer presented a certificate this server's CA issued and has not revoked.
+def _agent_serial(transport: asyncio.BaseTransport, app: web.Application) -> int | None:
+    """The serial of the certificate the peer presented, if this server issued it
+    and has not revoked it (an agent's); else None (a caller's).
 
     The TLS handshake verified it already (an invalid one fails the handshake).
     A revoked one is a caller's: only the agent socket would refuse it, and
@@ -640,8 +652,9 @@ def _is_agent(transport: asyncio.BaseTransport, app: web.Application) -> bool:
     ssl_object = transport.get_extra_info("ssl_object")
     der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
     if der is None:
-        return False
-    return x509.load_der_x509_certificate(der).serial_number not in app[CONTEXT].revoked
+        return None
+    serial: int = x509.load_der_x509_certificate(der).serial_number
+    return None if serial in app[CONTEXT].revoked else serial
 
 
 def _accept_of(request: CallerRequest) -> str:

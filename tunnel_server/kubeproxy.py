@@ -33,6 +33,8 @@ __all__ = ["PROXY_ROUTE", "kube_status", "setup_kube_proxy"]
 logger = logging.getLogger(__name__)
 
 PROXY_ROUTE = "/k8s/clusters/{cluster}/{tail:.*}"
+#: After a close frame, how long the caller's answer to it is waited for.
+CLOSE_GRACE = 1.0
 
 
 def setup_kube_proxy(app: web.Application) -> None:
@@ -191,12 +193,24 @@ async def _relay_upgraded(
         if isinstance(exc, SessionError) and frames is not None and frames.at_boundary:
             code = CLOSE_POLICY if revoked_reason(exc) is not None else CLOSE_GOING_AWAY
             transport.write(close_frame(code, exchange.ended or str(exc)))
+            # Closing with the caller's bytes unread would reset the connection
+            # and could lose the close frame: read (and drop) until the caller
+            # answers it and closes, for a moment at most.
+            tasks[1].cancel()
+            await asyncio.gather(tasks[1], return_exceptions=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_drop_until_end(reader), CLOSE_GRACE)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         transport.close()
     return response
+
+
+async def _drop_until_end(reader: UpgradedReader) -> None:
+    while await reader.read():
+        pass
 
 
 def _upgrade_of(request: web.Request) -> str | None:

@@ -25,6 +25,7 @@ from ..support import until
 from .frontdoor_support import (
     ANSWER_TIMEOUT,
     PODS,
+    PREFIX,
     Caller,
     assert_status_object,
     caller,
@@ -172,6 +173,49 @@ async def test_a_revoked_agent_certificate_counts_as_a_caller(tunnel: Tunnel) ->
             assert doors.callers.refused == 1
         finally:
             await revoked.close()
+
+
+async def test_an_agent_certificate_revoked_while_connected_counts_from_its_next_request(
+    tunnel: Tunnel,
+) -> None:
+    credentials = await DirectoryCredentialStore(tunnel.settings_dir / "creds").load()
+    assert credentials is not None
+    with_certificate = client_context(
+        credentials.ca_pem, cert_pem=credentials.cert_pem, key_pem=credentials.key_pem
+    )
+    async with lean_server(tunnel.server, max_callers=1) as (port, doors), watching(tunnel, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=with_certificate)
+        held = Caller(reader, writer)
+        try:
+            held.send(get(tunnel, f"{PODS}/demo"))  # alice's token: served, not counted
+            assert (await held.reply()).status == 200
+            assert doors.callers.open == 1  # the watch only
+            serial = x509.load_pem_x509_certificate(credentials.cert_pem).serial_number
+            tunnel.server.context.revoked.add(serial)
+            held.send(get(tunnel, f"{PODS}/demo"))
+            assert_status_object(await held.reply(), 503, "ServiceUnavailable")
+        finally:
+            await held.close()
+
+
+async def test_a_streamed_answer_from_aiohttp_says_the_connection_closes(tunnel: Tunnel) -> None:
+    """A chunked upload goes through aiohttp, whose answer is streamed: its head says close."""
+    body = b'{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "chunked"}}'
+    async with caller(tunnel.server) as connection:
+        connection.send(
+            (
+                f"POST {PREFIX}/api/v1/namespaces/default/configmaps HTTP/1.1\r\n"
+                f"Host: x\r\nAuthorization: Bearer {tunnel.alice_token}\r\n"
+                "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            ).encode()
+            + f"{len(body):x}\r\n".encode()
+            + body
+            + b"\r\n0\r\n\r\n"
+        )
+        reply = await connection.reply()
+        assert reply.status == 201, reply.body
+        assert reply.header("connection") == "close"
+        assert await connection.closed()
 
 
 async def test_the_servers_own_listener_applies_the_limit(tmp_path: Path) -> None:
