@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from cryptography import x509
@@ -133,69 +135,70 @@ async def test_a_connection_handed_to_aiohttp_serves_one_request_then_closes(
         await until(lambda: doors.callers.open == 0)
 
 
-async def test_an_agents_connection_is_not_counted_so_callers_cannot_keep_agents_out(
-    tunnel: Tunnel,
-) -> None:
+async def agent_serial(tunnel: Tunnel) -> int:
+    """The serial of the certificate the tunnel's agent holds."""
+    credentials = await DirectoryCredentialStore(tunnel.settings_dir / "creds").load()
+    assert credentials is not None
+    serial: int = x509.load_pem_x509_certificate(credentials.cert_pem).serial_number
+    return serial
+
+
+@asynccontextmanager
+async def as_the_agent(tunnel: Tunnel, port: int) -> AsyncIterator[Caller]:
+    """A raw connection presenting the tunnel's agent's own client certificate."""
     credentials = await DirectoryCredentialStore(tunnel.settings_dir / "creds").load()
     assert credentials is not None
     with_certificate = client_context(
         credentials.ca_pem, cert_pem=credentials.cert_pem, key_pem=credentials.key_pem
     )
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=with_certificate)
+    connection = Caller(reader, writer)
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+async def test_an_agents_connection_is_not_counted_so_callers_cannot_keep_agents_out(
+    tunnel: Tunnel,
+) -> None:
     async with (
         lean_server(tunnel.server, max_callers=1) as (port, doors),
         watching(tunnel, port),
+        as_the_agent(tunnel, port) as agent,
     ):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=with_certificate)
-        agent = Caller(reader, writer)
-        try:
-            agent.send(HEALTHZ)
-            assert (await agent.reply()).status == 200
-            assert (doors.callers.open, doors.callers.refused) == (1, 0)
-        finally:
-            await agent.close()
+        agent.send(HEALTHZ)
+        assert (await agent.reply()).status == 200
+        assert (doors.callers.open, doors.callers.refused) == (1, 0)
 
 
 async def test_a_revoked_agent_certificate_counts_as_a_caller(tunnel: Tunnel) -> None:
     """Only the agent socket refuses it: uncounted, its holder could keep connections idle."""
-    credentials = await DirectoryCredentialStore(tunnel.settings_dir / "creds").load()
-    assert credentials is not None
-    serial = x509.load_pem_x509_certificate(credentials.cert_pem).serial_number
-    tunnel.server.context.revoked.add(serial)
-    with_certificate = client_context(
-        credentials.ca_pem, cert_pem=credentials.cert_pem, key_pem=credentials.key_pem
-    )
-    async with lean_server(tunnel.server, max_callers=1) as (port, doors), watching(tunnel, port):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=with_certificate)
-        revoked = Caller(reader, writer)
-        try:
-            revoked.send(HEALTHZ)
-            assert_status_object(await revoked.reply(), 503, "ServiceUnavailable")
-            assert doors.callers.refused == 1
-        finally:
-            await revoked.close()
+    tunnel.server.context.revoked.add(await agent_serial(tunnel))
+    async with (
+        lean_server(tunnel.server, max_callers=1) as (port, doors),
+        watching(tunnel, port),
+        as_the_agent(tunnel, port) as revoked,
+    ):
+        revoked.send(HEALTHZ)
+        assert_status_object(await revoked.reply(), 503, "ServiceUnavailable")
+        assert doors.callers.refused == 1
 
 
 async def test_an_agent_certificate_revoked_while_connected_counts_from_its_next_request(
     tunnel: Tunnel,
 ) -> None:
-    credentials = await DirectoryCredentialStore(tunnel.settings_dir / "creds").load()
-    assert credentials is not None
-    with_certificate = client_context(
-        credentials.ca_pem, cert_pem=credentials.cert_pem, key_pem=credentials.key_pem
-    )
-    async with lean_server(tunnel.server, max_callers=1) as (port, doors), watching(tunnel, port):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=with_certificate)
-        held = Caller(reader, writer)
-        try:
-            held.send(get(tunnel, f"{PODS}/demo"))  # alice's token: served, not counted
-            assert (await held.reply()).status == 200
-            assert doors.callers.open == 1  # the watch only
-            serial = x509.load_pem_x509_certificate(credentials.cert_pem).serial_number
-            tunnel.server.context.revoked.add(serial)
-            held.send(get(tunnel, f"{PODS}/demo"))
-            assert_status_object(await held.reply(), 503, "ServiceUnavailable")
-        finally:
-            await held.close()
+    async with (
+        lean_server(tunnel.server, max_callers=1) as (port, doors),
+        watching(tunnel, port),
+        as_the_agent(tunnel, port) as held,
+    ):
+        held.send(get(tunnel, f"{PODS}/demo"))  # alice's token: served, not counted
+        assert (await held.reply()).status == 200
+        assert doors.callers.open == 1  # the watch only
+        tunnel.server.context.revoked.add(await agent_serial(tunnel))
+        held.send(get(tunnel, f"{PODS}/demo"))
+        assert_status_object(await held.reply(), 503, "ServiceUnavailable")
 
 
 async def test_a_streamed_answer_from_aiohttp_says_the_connection_closes(tunnel: Tunnel) -> None:
