@@ -22,6 +22,13 @@ from .pair import Pair, feed, handshaken, of_type, sent_frames
 KEEPALIVE = Keepalive(interval=5.0, timeout=3.0)
 
 
+def assert_went_away(connection: Connection, code: ErrorCode) -> None:
+    """The connection's last words were a GOAWAY with ``code``."""
+    [goaway] = sent_frames(connection)
+    assert isinstance(goaway, GoAwayFrame)
+    assert goaway.code == code
+
+
 def test_round_trip_time_comes_from_the_now_arguments() -> None:
     pair = Pair(now=10.0)
 
@@ -91,9 +98,7 @@ def test_tick_raises_keepalive_timeout_without_a_pong() -> None:
 
     assert error.value.code is ErrorCode.TIMEOUT
     assert client.closed
-    [goaway] = sent_frames(client)
-    assert isinstance(goaway, GoAwayFrame)
-    assert goaway.code == ErrorCode.TIMEOUT
+    assert_went_away(client, ErrorCode.TIMEOUT)
     assert client.deadline() is None
     client.tick(100.0)  # a closed connection has nothing left to time out
 
@@ -148,9 +153,7 @@ def test_handshake_times_out_without_a_hello() -> None:
         client.tick(103.0)
 
     assert error.value.code is ErrorCode.TIMEOUT
-    [goaway] = sent_frames(client)
-    assert isinstance(goaway, GoAwayFrame)
-    assert goaway.code == ErrorCode.TIMEOUT
+    assert_went_away(client, ErrorCode.TIMEOUT)
 
 
 def test_a_peer_flooding_pings_is_cut_off() -> None:
@@ -160,9 +163,7 @@ def test_a_peer_flooding_pings_is_cut_off() -> None:
         feed(server, *(PingFrame(0) for _ in range(MAX_CONTROL_QUEUE + 1)))
 
     assert error.value.code is ErrorCode.EXCESSIVE_LOAD
-    [goaway] = sent_frames(server)
-    assert isinstance(goaway, GoAwayFrame)
-    assert goaway.code == ErrorCode.EXCESSIVE_LOAD
+    assert_went_away(server, ErrorCode.EXCESSIVE_LOAD)
 
 
 def test_keepalive_settings_must_be_positive() -> None:
@@ -201,9 +202,7 @@ def test_a_probe_not_answered_in_time_fails_the_connection() -> None:
         client.tick(7.0)
 
     assert error.value.code is ErrorCode.TIMEOUT
-    [goaway] = sent_frames(client)
-    assert isinstance(goaway, GoAwayFrame)
-    assert goaway.code == ErrorCode.TIMEOUT
+    assert_went_away(client, ErrorCode.TIMEOUT)
 
 
 def test_a_probe_answered_in_time_keeps_the_connection_and_its_keepalive() -> None:
