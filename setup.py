@@ -51,6 +51,7 @@ COMPILED_MODULES = [
     "tunnel_kube/paths.py",
     "tunnel_kube/requests.py",
     "tunnel_kube/status.py",
+    "tunnel_server/agentanswer.py",
     "tunnel_server/callerlimit.py",
     "tunnel_server/frontdoor.py",
     "tunnel_server/frontdoor_buffers.py",

@@ -27,7 +27,15 @@ import asyncio
 from collections import OrderedDict
 from typing import Protocol
 
-__all__ = ["DEFAULT_MAX_CALLER_CONNECTIONS", "CallerConnections", "CountedProtocol", "Evictable"]
+from cryptography import x509
+
+__all__ = [
+    "DEFAULT_MAX_CALLER_CONNECTIONS",
+    "CallerConnections",
+    "CountedProtocol",
+    "Evictable",
+    "peer_certificate_serial",
+]
 
 #: Caller connections open at once by default: far more than people and their
 #: tools hold (kubectl holds one or a few, and one per watch, log stream,
@@ -121,3 +129,19 @@ class CountedProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.inner.resume_writing()
+
+
+def peer_certificate_serial(transport: asyncio.BaseTransport) -> int | None:
+    """The serial of the client certificate the peer presented, or None.
+
+    The TLS handshake verified it already (an invalid one fails the handshake),
+    so it is one this server's CA issued: an agent's, unless revoked. A
+    revoked one is a caller's: only the agent socket would refuse it, and its
+    holder could otherwise keep any number of connections idle, uncounted.
+    """
+    ssl_object = transport.get_extra_info("ssl_object")
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    if der is None:
+        return None
+    serial: int = x509.load_der_x509_certificate(der).serial_number
+    return serial

@@ -24,15 +24,19 @@ from dataclasses import dataclass
 from typing import cast
 
 from aiohttp import web
-from cryptography import x509
 
-from protocol.errors import MalformedFrameError
-from protocol.http import METHODS, ResponseHead, ResponseHeadParser
+from protocol.http import METHODS, ResponseHead
 from tunnel_kube import error_answer
 from tunnel_kube.tcp_keepalive import enable_tcp_keepalive
 from tunnel_mux import MuxStream, SessionError
 
-from .callerlimit import DEFAULT_MAX_CALLER_CONNECTIONS, CallerConnections, CountedProtocol
+from .agentanswer import AnswerFraming, answer_framing, read_response_head
+from .callerlimit import (
+    DEFAULT_MAX_CALLER_CONNECTIONS,
+    CallerConnections,
+    CountedProtocol,
+    peer_certificate_serial,
+)
 from .context import CONTEXT, ServerContext
 from .frontdoor_buffers import AnswerOutput, RequestBody
 from .http1 import (
@@ -42,13 +46,11 @@ from .http1 import (
     HeaderBlockCache,
     MalformedRequestError,
     chunk,
-    parse_content_length,
     parse_request_head,
     response_head,
 )
-from .proxyrefusal import ProxyRefusal, dropped_refusal, revocation_event
+from .proxyrefusal import ProxyRefusal, revocation_event
 from .proxyrequest import (
-    DROPPED_RESPONSE_HEADERS,
     CallerMemo,
     ProxyExchange,
     cluster_of,
@@ -148,8 +150,10 @@ class FrontDoor(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         enable_tcp_keepalive(transport)
         self._doors.open.add(self)
-        self._agent_serial = _agent_serial(transport, self._app)
-        if self._agent_serial is None:
+        serial = peer_certificate_serial(transport)
+        if serial is not None and serial not in self._app[CONTEXT].revoked:
+            self._agent_serial = serial  # an agent's: not counted
+        else:
             self._count()
         self._arm_idle_timer()
 
@@ -361,14 +365,14 @@ class FrontDoor(asyncio.Protocol):
             )
             if body is not None:
                 relayed.uploader = self._loop.create_task(upload(body.read, stream, exchange))
-            response, early = await _response_head(stream, exchange)
-            framing = _framing(request, response)
+            response, early = await read_response_head(stream, exchange)
+            framing = answer_framing(request, response)
             head_sent = True
             await self._relay_response(response, framing, early, stream, exchange)
         except ProxyRefusal as refusal:
             exchange.refused(refusal)
             if not head_sent:
-                self._answer_status(refusal, _accept_of(request))
+                self._answer_status(refusal, request.header("accept") or "")
         except ConnectionError:
             # The caller went away mid-response: the relayed request ends too.
             logger.info("the caller left mid-response", extra={"cluster": cluster})
@@ -381,13 +385,13 @@ class FrontDoor(asyncio.Protocol):
             if not head_sent:
                 self._answer_status(
                     ProxyRefusal(500, "InternalError", "the tunnel server failed; see its log"),
-                    _accept_of(request),
+                    request.header("accept") or "",
                 )
 
     async def _relay_response(
         self,
         response: ResponseHead,
-        framing: _Framing,
+        framing: AnswerFraming,
         early: bytes,
         stream: MuxStream,
         exchange: ProxyExchange,
@@ -514,7 +518,7 @@ class FrontDoor(asyncio.Protocol):
                 f"the tunnel server holds {callers.limit} caller connections, its limit "
                 "(--max-caller-connections), each serving a request; try again shortly",
             ),
-            _accept_of(request),
+            request.header("accept") or "",
         )
         self._buffer = bytearray()
         self.close()
@@ -588,77 +592,3 @@ class _Relayed:
     def __init__(self) -> None:
         self.stream = None
         self.uploader = None
-
-
-@dataclass(slots=True, init=False)
-class _Framing:
-    """How an answer's body goes to the caller."""
-
-    headers: list[tuple[str, str]]
-    #: Bytes of body to pass on as they are; None: chunked, to the end of the stream.
-    length: int | None
-
-    def __init__(self, headers: list[tuple[str, str]], length: int | None) -> None:
-        self.headers = headers
-        self.length = length
-
-
-def _framing(request: CallerRequest, response: ResponseHead) -> _Framing:
-    """The caller's headers and body framing for the agent's answer, or 502."""
-    headers = [(n, v) for n, v in response.headers if n not in DROPPED_RESPONSE_HEADERS]
-    length: int | None = None
-    for name, value in headers:
-        if name == "content-length":
-            parsed = parse_content_length(value)
-            if parsed is None or (length is not None and parsed != length):
-                raise ProxyRefusal(502, "BadGateway", "the agent's answer has an invalid length")
-            length = parsed
-    if request.method == "HEAD" or response.status in (204, 304):
-        return _Framing(headers, 0)
-    if length is None:
-        headers.append(("transfer-encoding", "chunked"))
-    return _Framing(headers, length)
-
-
-async def _response_head(stream: MuxStream, exchange: ProxyExchange) -> tuple[ResponseHead, bytes]:
-    """The agent's response head, and the body bytes that came with it."""
-    parser = ResponseHeadParser()
-    while True:
-        try:
-            data = await stream.read()
-        except SessionError as exc:
-            raise dropped_refusal(exc, exchange.cluster) from exc
-        if not data:
-            raise ProxyRefusal(502, "BadGateway", "the agent ended the stream without answering")
-        try:
-            early = parser.feed(data)
-        except MalformedFrameError as exc:
-            raise ProxyRefusal(502, "BadGateway", f"the agent's answer is invalid: {exc}") from exc
-        if parser.head is not None:
-            if parser.head.status < 200:
-                raise ProxyRefusal(502, "BadGateway", "the agent answered a plain request with 1xx")
-            exchange.status = parser.head.status
-            return parser.head, early
-
-
-def _agent_serial(transport: asyncio.BaseTransport, app: web.Application) -> int | None:
-    """The serial of the certificate the peer presented, if this server issued it
-    and has not revoked it (an agent's); else None (a caller's).
-
-    The TLS handshake verified it already (an invalid one fails the handshake).
-    A revoked one is a caller's: only the agent socket would refuse it, and
-    its holder could otherwise keep any number of connections idle, uncounted.
-    """
-    ssl_object = transport.get_extra_info("ssl_object")
-    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
-    if der is None:
-        return None
-    serial: int = x509.load_der_x509_certificate(der).serial_number
-    return None if serial in app[CONTEXT].revoked else serial
-
-
-def _accept_of(request: CallerRequest) -> str:
-    for name, value in request.headers:
-        if name == "accept":
-            return value
-    return ""

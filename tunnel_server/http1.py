@@ -122,6 +122,13 @@ class CallerRequest:
         self.upgrade = upgrade
         self.expect = expect
 
+    def header(self, name: str) -> str | None:
+        """The first value of the header ``name`` (in lower case), or None."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
 
 class HeaderBlockCache:
     """The last header block one connection sent, and what it parsed to.
