@@ -54,7 +54,7 @@ FRONT_DOORS: web.AppKey[FrontDoors] = web.AppKey("front_doors", FrontDoors)
 
 def create_app(settings: ServerSettings, identity: ServerIdentity) -> web.Application:
     """The server's application; its store opens and closes with it."""
-    app = web.Application(middlewares=[_one_request, _errors], client_max_size=1024 * 1024)
+    app = web.Application(middlewares=[_errors], client_max_size=1024 * 1024)
     app.cleanup_ctx.append(_lifecycle(settings, identity))
     app.on_response_prepare.append(_say_close)
     app.router.add_get("/healthz", _healthz)
@@ -108,31 +108,16 @@ def _lifecycle(
     return lifecycle
 
 
-@web.middleware
-async def _one_request(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def _say_close(request: web.Request, response: web.StreamResponse) -> None:
     """A connection the front door handed to aiohttp serves one request, then closes.
 
     What comes here is rare and seldom repeated on a connection (tunnelctl's
     REST calls, a bootstrap, a probe, an upgrade, a request with a chunked
     body), and a connection kept alive here could not be closed to make room
     for another caller (tunnel_server/callerlimit.py): one request at a time
-    from a flood of connections would otherwise hold them all.
-    """
-    try:
-        response = await handler(request)
-    except web.HTTPException as exc:
-        exc.force_close()
-        raise
-    response.force_close()
-    return response
-
-
-async def _say_close(request: web.Request, response: web.StreamResponse) -> None:
-    """A response streamed by its handler says it closes the connection, as _one_request does.
-
-    Its head goes out before the handler returns; without the header, a client
-    that pools connections could send its next request on one being closed.
-    A 101 keeps its ``Connection: upgrade``.
+    from a flood of connections would otherwise hold them all. Set as each
+    response's head is prepared, errors and streamed answers included, so the
+    head says ``Connection: close`` (a 101 keeps its ``Connection: upgrade``).
     """
     response.force_close()
     response.headers.setdefault("Connection", "close")

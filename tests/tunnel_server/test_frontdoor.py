@@ -350,7 +350,7 @@ async def test_a_request_after_a_lean_one_is_handed_to_aiohttp_with_its_bytes(
         health = await connection.reply()
         assert (health.status, health.json()) == (200, {"status": "ok"})
         assert doors(tunnel.server).open == set()  # the connection is aiohttp's now
-        # ... for that one request (app.py, _one_request).
+        # ... for that one request (app.py, _say_close).
         assert health.header("connection") == "close"
         assert await connection.closed()
 
