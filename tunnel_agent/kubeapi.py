@@ -2,9 +2,9 @@
 
 Credentials come from the in-cluster service account (whose token
 kubernetes_asyncio re-reads as the kubelet rotates it) or from a kubeconfig,
-through kubernetes_asyncio's loaders. :class:`KubeApi` keeps one pooled aiohttp
-session for relayed requests; ``api_client()`` gives a kubernetes_asyncio
-client for typed calls (Secrets, apply).
+through kubernetes_asyncio's loaders. :class:`KubeApi` keeps the aiohttp
+sessions that send raw HTTP with them; ``api_client()`` gives a
+kubernetes_asyncio client for typed calls (Secrets, apply).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class KubeApi:
         self.base_url = str(configuration.host).rstrip("/")
         self.ssl_context = _ssl_context(configuration)
         self._session: aiohttp.ClientSession | None = None
+        self._single_use_session: aiohttp.ClientSession | None = None
         self._api_client: Any = None
         self._clock = clock
         self._authorization: str | None = None
@@ -63,16 +64,21 @@ class KubeApi:
 
     @property
     def session(self) -> aiohttp.ClientSession:
+        """A session with pooled connections, for the commands' requests."""
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self.ssl_context, limit=0),
-                # No timeouts: watches, logs -f and exec stay open as long as
-                # the tunnel does; the tunnel's keepalive finds dead peers.
-                timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
-            )
+            self._session = _raw_session(self.ssl_context, force_close=False)
         return self._session
+
+    @property
+    def single_use_session(self) -> aiohttp.ClientSession:
+        """A session whose connections serve one request each (upgrades and HEAD relayed).
+
+        An upgrade takes its connection anyway; a HEAD is rare. Never reused,
+        a connection cannot carry one request's framing into the next.
+        """
+        if self._single_use_session is None:
+            self._single_use_session = _raw_session(self.ssl_context, force_close=True)
+        return self._single_use_session
 
     def url(self, path: str) -> URL:
         """The API server URL of a relayed path, as it came (no re-encoding)."""
@@ -102,12 +108,25 @@ class KubeApi:
         return self._api_client
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._single_use_session):
+            if session is not None:
+                await session.close()
+        self._session = self._single_use_session = None
         if self._api_client is not None:
             await self._api_client.close()
             self._api_client = None
+
+
+def _raw_session(ssl_context: ssl.SSLContext | bool, *, force_close: bool) -> aiohttp.ClientSession:
+    """An aiohttp session that sends what it is given and hands back what comes."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(ssl=ssl_context, limit=0, force_close=force_close),
+        # No timeouts: watches, logs -f and exec stay open as long as the
+        # tunnel does; the tunnel's keepalive finds dead peers.
+        timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
+    )
 
 
 def _ssl_context(configuration: Any) -> ssl.SSLContext | bool:

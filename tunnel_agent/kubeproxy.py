@@ -71,6 +71,24 @@ def _forwarded(headers: Headers) -> Headers:
     return tuple((name, value) for name, value in headers if name not in _DROPPED_REQUEST)
 
 
+def _body_refusal(head: RequestHead, stream: MuxStream) -> Refusal | None:
+    """Why an upgrade or a HEAD request is refused: it says a body follows.
+
+    Neither may carry one, and both go through aiohttp's client: a body
+    shorter than its announced length would leave the API server taking the
+    start of the next request on that connection as the rest of it, and what
+    follows as a request that neither the server nor this agent checked.
+    """
+    announced = not head.upgrade and not stream.at_eof
+    for name, value in head.headers:
+        if name == "transfer-encoding" or (name == "content-length" and value.strip() != "0"):
+            announced = True
+    if not announced:
+        return None
+    what = "an upgrade request (exec, attach, port-forward)" if head.upgrade else "a HEAD request"
+    return Refusal(400, "BadRequest", f"{what} cannot carry a body")
+
+
 class KubeProxy:
     """Handles one ``http`` stream at a time per call; share one per agent."""
 
@@ -119,7 +137,13 @@ class KubeProxy:
         if not head.upgrade and head.method != "HEAD":
             await self._request(stream, head, _forwarded(head.headers), authorization)
             return
-        headers = list(_forwarded(head.headers))
+        refusal = _body_refusal(head, stream)
+        if refusal is not None:
+            logger.info("refused %s %s: %s", head.method, head.path[:200], refusal.message)
+            await _answer_status(stream, refusal)
+            return
+        # Neither carries a body (above): no length goes with them.
+        headers = [pair for pair in _forwarded(head.headers) if pair[0] != "content-length"]
         if authorization:
             headers.append(("authorization", authorization))
         if head.upgrade:

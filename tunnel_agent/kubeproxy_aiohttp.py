@@ -5,6 +5,10 @@ connection's bytes, relayed unchanged both ways, half-close included. HEAD
 goes here because llhttp, under the agent's own client
 (:mod:`tunnel_agent.upstream`), cannot be told that its answer has no body.
 Plain requests, nearly all of them, take that client (:mod:`tunnel_agent.kubeproxy`).
+
+Neither kind carries a body (the agent refuses one that says it does), and
+each goes over a connection of its own, closed after it: no answer read here
+leaves a connection whose next request depends on how this one was framed.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import cast
 
 import aiohttp
@@ -36,13 +39,11 @@ async def relay_request(
     head: RequestHead,
     headers: list[tuple[str, str]],
 ) -> None:
-    """Relay a request through aiohttp's client (HEAD: llhttp cannot tell it has no body)."""
-    has_body = not stream.at_eof
-    async with api.session.request(
+    """Relay a request without a body (HEAD: llhttp cannot tell its answer has none)."""
+    async with api.single_use_session.request(
         head.method,
         api.url(head.path),
         headers=headers,
-        data=_body(stream) if has_body else None,
         allow_redirects=False,
         compress=None,
     ) as response:
@@ -65,7 +66,7 @@ async def relay_upgrade(
     headers: list[tuple[str, str]],
 ) -> None:
     """Relay an upgrade request; after a 101, the upgraded connection's bytes both ways."""
-    response = await api.session.request(
+    response = await api.single_use_session.request(
         head.method,
         api.url(head.path),
         headers=headers,
@@ -121,11 +122,6 @@ async def _splice(
         upward.cancel()
         with contextlib.suppress(asyncio.CancelledError, SessionError, ConnectionError):
             await upward
-
-
-async def _body(stream: MuxStream) -> AsyncIterator[bytes]:
-    while chunk := await stream.read():
-        yield chunk
 
 
 def _response_headers(response: aiohttp.ClientResponse) -> list[tuple[str, str]]:

@@ -203,6 +203,9 @@ async def start_server(settings: ServerSettings) -> tuple[web.AppRunner, int]:
         # waited for as long after an answer.
         keepalive_timeout=KEEPALIVE_TIMEOUT,
         lingering_time=LINGER_SECONDS,
+        # A body is relayed as it came: decoded here, it would reach the API
+        # server still labelled with its Content-Encoding.
+        auto_decompress=False,
     )
 
     def aiohttp_connection() -> asyncio.Protocol:

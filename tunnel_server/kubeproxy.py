@@ -33,6 +33,14 @@ __all__ = ["PROXY_ROUTE", "kube_status", "setup_kube_proxy"]
 logger = logging.getLogger(__name__)
 
 PROXY_ROUTE = "/k8s/clusters/{cluster}/{tail:.*}"
+#: Why an upgrade request with a body is refused. After its 101, the bytes that
+#: follow belong to the upgraded protocol; before it, a body would be read by
+#: the API server's side alone, and the agent's connection to it would no
+#: longer agree on where the next request starts.
+UPGRADE_WITH_BODY = (
+    "an upgrade request (exec, attach, port-forward) cannot carry a body: "
+    "send it without Content-Length or Transfer-Encoding"
+)
 #: After a close frame, how long the caller's answer to it is waited for.
 CLOSE_GRACE = 1.0
 
@@ -47,6 +55,8 @@ async def kube_proxy(request: web.Request) -> web.StreamResponse:
     stream: MuxStream | None = None
     try:
         upgrade = _upgrade_of(request)
+        if upgrade is not None and _announces_body(request):
+            raise ProxyRefusal(400, "BadRequest", UPGRADE_WITH_BODY)
         has_body = upgrade is not None or request.body_exists
         headers = [(name.lower(), value) for name, value in request.headers.items()]
         stream = await open_relay(
@@ -222,6 +232,12 @@ def _upgrade_of(request: web.Request) -> str | None:
     }
     upgrade = request.headers.get("Upgrade")
     return upgrade if upgrade and "upgrade" in tokens else None
+
+
+def _announces_body(request: web.Request) -> bool:
+    """The request says a body follows its head (a Content-Length above 0, or chunks)."""
+    lengths = request.headers.getall("Content-Length", ())
+    return "Transfer-Encoding" in request.headers or any(v.strip() != "0" for v in lengths)
 
 
 def kube_status(

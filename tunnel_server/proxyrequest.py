@@ -36,6 +36,7 @@ from .store.base import Grant, ProxyAuditRecord, StoreError, User, hash_token
 
 __all__ = [
     "DROPPED_RESPONSE_HEADERS",
+    "HEAD_WITH_BODY",
     "IDENTITY_PREFIX",
     "CallerMemo",
     "ProxyExchange",
@@ -80,6 +81,10 @@ _DROPPED = frozenset(
 #: Hop-by-hop headers of the agent's answer, never passed to the caller.
 DROPPED_RESPONSE_HEADERS = frozenset(
     {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding"}
+)
+#: Why a HEAD request with a body is refused (an upgrade's: kubeproxy.py).
+HEAD_WITH_BODY = (
+    "a HEAD request cannot carry a body: send it without Content-Length or Transfer-Encoding"
 )
 # A cluster name as it appears, unencoded, in the path.
 _CLUSTER = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -195,6 +200,8 @@ async def open_relay(
     :class:`ProxyRefusal` with the status to answer.
     """
     cluster = exchange.cluster
+    if exchange.method == "HEAD" and has_body:
+        raise ProxyRefusal(400, "BadRequest", HEAD_WITH_BODY)
     access = context.access
     # Read before asking: an invalidation while the answers load is seen next time.
     generation = access.generation
@@ -377,7 +384,7 @@ def forwarded_headers(
     for name, value in headers:
         if name.startswith("impersonate-"):
             impersonated.append((name, value))
-        elif name not in _DROPPED:
+        elif name not in _DROPPED and not (upgrade is not None and name == "content-length"):
             forwarded.append((name, value))
     if upgrade is not None:
         forwarded.append(("connection", "Upgrade"))

@@ -69,8 +69,8 @@ class Caller:
             name, _, value = line.partition(":")
             headers.append((name.lower(), value.strip()))
         reply = Reply(int(status), reason, headers, b"")
-        if head or reply.status in (204, 304):
-            return reply
+        if head or reply.status in (204, 304) or reply.status < 200:
+            return reply  # no body (below 200: an interim answer, the real one follows)
         encoding = reply.header("transfer-encoding")
         length = reply.header("content-length")
         if encoding is not None:
