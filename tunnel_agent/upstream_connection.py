@@ -325,8 +325,24 @@ class UpstreamConnection(asyncio.Protocol):
         self.reason += status.decode("latin-1")
         self._head_size += len(status)
 
+    def on_message_begin(self) -> None:
+        if self.complete:
+            # A second answer to one request, in the same read as the first:
+            # the connection no longer says where an answer starts (the first
+            # stands; the connection is closed).
+            raise _Refused
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_size += len(name) + len(value)
+        if self.head_done:
+            # The trailer of a chunked answer: its head has gone; not relayed.
+            if self._head_size > MAX_HEAD_BYTES:
+                self.error = UpstreamError(
+                    f"the API server's answer and its trailer are over {MAX_HEAD_BYTES} bytes "
+                    "of fields: the tunnel cannot relay it"
+                )
+                raise _Refused
+            return
         headers = self.headers
         if len(headers) >= MAX_HEADERS:
             self.error = UpstreamError(
@@ -357,6 +373,14 @@ class UpstreamConnection(asyncio.Protocol):
             self.reason = ""
             self._head_size = 0
             return
+        codings = ",".join(value for name, value in self.headers if name == "transfer-encoding")
+        if codings and codings.replace(" ", "").lower() != "chunked":
+            # Its body would reach the caller still coded, and labelled as nothing.
+            self.error = UpstreamError(
+                f"the API server's answer has Transfer-Encoding {codings[:100]!r}: "
+                "the tunnel relays chunked answers only"
+            )
+            raise _Refused
         self.status = status
         self.head_done = True
         self._wake()

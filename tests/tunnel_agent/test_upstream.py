@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 
 import pytest
 
@@ -265,6 +266,49 @@ async def test_an_answer_cut_short_raises_and_is_not_reused() -> None:
             with pytest.raises(UpstreamError, match="before the end of its answer"):
                 await response.read()
         assert pool.open_connections == 0
+
+
+async def test_a_second_answer_to_one_request_closes_the_connection_and_leaves_the_first() -> None:
+    async def twice(exchange: Exchange) -> None:
+        # One write: the second answer comes in the same read as the first.
+        second = response_bytes(b"SECOND", "X-Second: 1")
+        exchange.write(response_bytes(b"ok", status="404 Not Found") + second)
+
+    async with running(twice) as origin, pool_for(origin.url) as pool:
+        response = await pool.request("GET", "/a", [])
+        with response:
+            assert (response.status, response.headers) == (404, [("content-length", "2")])
+            assert await response.read() == b"ok"
+            assert await response.read() == b""
+        # Where its answers start is no longer known: the connection is not used again.
+        await until(lambda: pool.open_connections == 0)
+
+
+async def test_a_chunked_answers_trailer_is_not_taken_into_its_head() -> None:
+    async def with_trailer(exchange: Exchange) -> None:
+        exchange.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        exchange.write(b"2\r\nok\r\n0\r\nX-Trailer: t\r\n\r\n")
+
+    async with running(with_trailer) as origin, pool_for(origin.url) as pool:
+        response = await pool.request("GET", "/a", [])
+        with response:
+            assert await response.read() == b"ok"
+            assert await response.read() == b""
+        assert response.headers == [("transfer-encoding", "chunked")]
+        assert pool.idle_connections == 1
+
+
+async def test_an_answer_with_a_transfer_coding_besides_chunked_is_refused() -> None:
+    async def coded(exchange: Exchange) -> None:
+        exchange.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n")
+        exchange.write(gzip.compress(b"coded"))
+        exchange.keep = False
+
+    async with running(coded) as origin, pool_for(origin.url) as pool:
+        # Relayed without the header, its body would reach the caller still coded.
+        with pytest.raises(UpstreamError, match="Transfer-Encoding 'gzip': the tunnel relays"):
+            await pool.request("GET", "/a", [])
+        await until(lambda: pool.open_connections == 0)
 
 
 async def test_interim_100_continue_is_skipped() -> None:
