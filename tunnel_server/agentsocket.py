@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from protocol import Connection, ErrorCode, Side, kinds
+from tunnel_cli.text import printable
 from tunnel_mux import (
     MuxStream,
     Session,
@@ -120,7 +121,7 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
         await websocket.prepare(request)
     finally:
         admission.pending -= 1
-    renewals = _Renewals(context, identity.cluster)
+    renewals = _Renewals(context, identity.cluster, identity.serial)
     session = Session(
         WebSocketTransport(websocket),
         Connection(
@@ -142,6 +143,13 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
         hello = await asyncio.wait_for(session.wait_ready(), settings.handshake_timeout)
     except (TimeoutError, SessionClosedError):
         await session.close()
+        await run
+        context.metrics.untrack(session)
+        return websocket
+    if identity.serial in context.revoked:
+        # Revoked while its HELLO was on the way: a revocation disconnects the
+        # agents attached, so this one must not attach after it.
+        await session.close(ErrorCode.NO_ERROR, "the cluster's certificates were revoked")
         await run
         context.metrics.untrack(session)
         return websocket
@@ -167,7 +175,7 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
         if isinstance(session.close_error, SessionTimeoutError):
             context.metrics.agent_timeouts.inc()
         await renewals.close()
-        logger.info("agent disconnected: %s", session.close_reason, extra=log)
+        logger.info("agent disconnected: %s", printable(str(session.close_reason)), extra=log)
         await _record(context, agent, connected=False)
     return websocket
 
@@ -190,8 +198,9 @@ def _reports_of(context: ServerContext, cluster: str) -> Callable[[MuxStream], A
 
 
 def _claim(info: dict[str, Any], key: str) -> str | None:
+    """What the agent says of itself, bounded and printable (it goes to logs and the API)."""
     value = info.get(key)
-    return value[:64] if isinstance(value, str) else None
+    return printable(value[:64]) if isinstance(value, str) else None
 
 
 async def _record(context: ServerContext, agent: AgentConnection, *, connected: bool) -> None:
@@ -209,12 +218,21 @@ async def _record(context: ServerContext, agent: AgentConnection, *, connected: 
         )
 
 
+#: Why a session whose certificate was revoked gets no new one.
+REVOKED_SESSION = (
+    "the certificate this agent connected with was revoked; "
+    "reinstall the agent with a new bootstrap token (tunnelctl cluster token)"
+)
+
+
 class _Renewals:
     """Signs renewal CSRs that arrive on one agent's session."""
 
-    def __init__(self, context: ServerContext, cluster: str) -> None:
+    def __init__(self, context: ServerContext, cluster: str, serial: int) -> None:
         self._context = context
         self._cluster = cluster
+        #: The serial of the certificate the session was opened with.
+        self._serial = serial
         self.session: Session | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -236,6 +254,8 @@ class _Renewals:
         try:
             if not isinstance(csr, str):
                 raise ForbiddenError("cert.renew needs a PEM csr")
+            if self._serial in context.revoked:
+                raise ForbiddenError(REVOKED_SESSION)
             now = utcnow()
             issued = context.identity.ca.sign_client_csr(
                 csr.encode(), self._cluster, context.settings.identity.client_cert_lifetime, now
@@ -247,6 +267,11 @@ class _Renewals:
                 issued.not_before,
                 issued.not_after,
             )
+            if self._serial in await context.store.revoked_serials():
+                # Revoked while this one was signed: it goes the same way.
+                await context.store.revoke_cluster_certificates(self._cluster, utcnow())
+                context.revoked |= await context.store.revoked_serials()
+                raise ForbiddenError(REVOKED_SESSION)
         except (PkiError, StoreError, ForbiddenError) as exc:
             logger.warning("certificate renewal refused: %s", exc, extra={"cluster": self._cluster})
             self._send(kinds.MESSAGE_CERT_REFUSED, {"message": str(exc)[:200]})

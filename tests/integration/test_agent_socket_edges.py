@@ -1,0 +1,173 @@
+"""The agent socket's edges: revocation while an agent is half-way, and what an agent says.
+
+Found in review: an agent that held its HELLO across ``tunnelctl cluster
+revoke`` was attached after it; a session whose certificate was revoked could
+still trade a CSR for a fresh, unrevoked certificate; and the version an agent
+announced went to the server's log with its line breaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import pytest
+
+from protocol import Connection, Limits, Side, kinds
+from tunnel_mux import Session, SessionHandlers, WebSocketTransport
+from tunnel_pki.certs import load_certificate
+from tunnel_pki.csr import make_csr
+from tunnel_pki.keys import generate_private_key, private_key_to_pem
+from tunnel_pki.tls import client_context
+from tunnel_server.agentsocket import REVOKED_SESSION
+from tunnel_server.context import utcnow
+
+from ..support import until
+from .harness import RunningServer
+
+#: Bound on waiting for what should happen at once (a hang fails by name).
+PROMPTLY = 10.0
+
+
+async def bootstrapped(server: RunningServer, cluster: str) -> tuple[bytes, bytes]:
+    """An agent's key and certificate (PEM), traded for a bootstrap token as the agent does."""
+    token = await server.add_cluster(cluster)
+    key = generate_private_key()
+    body = {"cluster": cluster, "token": token, "csr": make_csr(key, cluster).decode()}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            server.url + kinds.PATH_BOOTSTRAP, json=body, ssl=client_context(server.ca_pem)
+        ) as response,
+    ):
+        answer = await response.json()
+        assert response.status == 200, answer
+    return private_key_to_pem(key), answer["certificate"].encode()
+
+
+@asynccontextmanager
+async def upgraded(
+    server: RunningServer, key_pem: bytes, cert_pem: bytes
+) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    """The agent's WebSocket, upgraded, before the session's HELLO."""
+    tls = client_context(server.ca_pem, cert_pem=cert_pem, key_pem=key_pem)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(server.url + kinds.PATH_AGENT_CONNECT, ssl=tls, compress=0) as socket,
+    ):
+        yield socket
+
+
+class Messages:
+    """What the server sends an agent's session outside streams."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+
+    def __call__(self, kind: str, body: dict[str, Any]) -> None:
+        self.queue.put_nowait((kind, body))
+
+    async def next(self) -> tuple[str, dict[str, Any]]:
+        return await asyncio.wait_for(self.queue.get(), PROMPTLY)
+
+
+def agent_session(
+    socket: aiohttp.ClientWebSocketResponse, messages: Messages, version: str = "test"
+) -> Session:
+    return Session(
+        WebSocketTransport(socket),
+        Connection(Side.CLIENT, Limits(), info={kinds.INFO_AGENT_VERSION: version}),
+        handlers=SessionHandlers(on_message=messages),
+    )
+
+
+def renewal_request(cluster: str) -> dict[str, Any]:
+    return {"csr": make_csr(generate_private_key(), cluster).decode()}
+
+
+async def test_an_agent_whose_hello_comes_after_its_revocation_is_not_attached(
+    server: RunningServer,
+) -> None:
+    key_pem, cert_pem = await bootstrapped(server, "prod")
+    async with upgraded(server, key_pem, cert_pem) as socket:
+        status, answer = await server.api("POST", "/api/v1/clusters/prod/revoke")
+        assert (status, answer["disconnected"]) == (200, False)  # nothing attached yet
+        session = agent_session(socket, Messages())
+        run = asyncio.create_task(session.run())
+        # The server ends the session once it has its HELLO, without attaching it.
+        await asyncio.wait_for(run, PROMPTLY)
+    assert server.context.registry.get("prod") is None
+
+
+@asynccontextmanager
+async def attached(
+    server: RunningServer, cluster: str, version: str = "test"
+) -> AsyncIterator[tuple[Session, Messages]]:
+    """An agent's session, attached, and what the server sends it."""
+    key_pem, cert_pem = await bootstrapped(server, cluster)
+    async with upgraded(server, key_pem, cert_pem) as socket:
+        messages = Messages()
+        session = agent_session(socket, messages, version)
+        run = asyncio.create_task(session.run())
+        try:
+            await asyncio.wait_for(session.wait_ready(), PROMPTLY)
+            await until(lambda: server.context.registry.get(cluster) is not None)
+            yield session, messages
+        finally:
+            await session.close()
+            await run
+
+
+async def test_a_session_whose_certificate_is_revoked_gets_no_new_one(
+    server: RunningServer,
+) -> None:
+    async with attached(server, "prod") as (session, messages):
+        agent = server.context.registry.get("prod")
+        assert agent is not None
+        # Between the revocation and the disconnection it brings, the session is still open.
+        server.context.revoked.add(agent.serial)
+        session.send_message(kinds.MESSAGE_CERT_RENEW, renewal_request("prod"))
+        kind, body = await messages.next()
+    assert (kind, body["message"]) == (kinds.MESSAGE_CERT_REFUSED, REVOKED_SESSION)
+
+
+async def test_a_certificate_signed_while_its_session_is_revoked_is_revoked_too(
+    server: RunningServer,
+) -> None:
+    async with attached(server, "prod") as (session, messages):
+        store = server.context.store
+        # Revoked in the store, not yet in the server's memory: as while a
+        # revocation is on its way there.
+        assert await store.revoke_cluster_certificates("prod", utcnow()) == 1
+        session.send_message(kinds.MESSAGE_CERT_RENEW, renewal_request("prod"))
+        kind, body = await messages.next()
+        revoked = await store.revoked_serials()
+    assert (kind, body["message"]) == (kinds.MESSAGE_CERT_REFUSED, REVOKED_SESSION)
+    # The one signed meanwhile went with the rest: two revoked, and known as such.
+    assert len(revoked) == 2
+    assert revoked <= server.context.revoked
+
+
+async def test_a_session_whose_certificate_stands_is_renewed(server: RunningServer) -> None:
+    async with attached(server, "prod") as (session, messages):
+        session.send_message(kinds.MESSAGE_CERT_RENEW, renewal_request("prod"))
+        kind, body = await messages.next()
+    assert kind == kinds.MESSAGE_CERT_ISSUED
+    serial = load_certificate(body["certificate"].encode()).serial_number
+    assert serial not in await server.context.store.revoked_serials()
+
+
+async def test_the_version_an_agent_announces_cannot_forge_log_lines(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    forged = "1.0\n2026-11-27 00:00:00,000 WARNING tunnel_server.api: cluster deleted"
+    with caplog.at_level(logging.INFO, logger="tunnel_server.agentsocket"):
+        async with attached(server, "prod", forged):
+            status, view = await server.api("GET", "/api/v1/clusters/prod")
+    assert status == 200
+    assert view["agent_version"] == forged[:64].replace("\n", "?")
+    assert all("\n" not in record.getMessage() for record in caplog.records)
