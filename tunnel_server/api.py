@@ -16,7 +16,7 @@ from tunnel_pki.errors import PkiError
 from tunnel_pki.names import validate_cluster_name
 
 from . import __version__
-from .auth import authenticate, require_admin
+from .auth import authenticate, confirm, require_admin
 from .context import CONTEXT, ServerContext, utcnow
 from .errors import BadRequestError, NotFoundApiError
 from .httpjson import json_response, read_json, require_str, timestamp
@@ -110,6 +110,7 @@ async def add_cluster(request: web.Request) -> web.Response:
     if rbac not in RBAC_VARIANTS:
         raise BadRequestError(f"rbac must be one of {', '.join(RBAC_VARIANTS)}")
     namespaces = _namespaces(body.get("namespaces", []), rbac)
+    await confirm(request, user)
     # Checked before storing: a refused request leaves no cluster behind.
     cluster = await context.store.add_cluster(name, utcnow(), rbac, namespaces)
     logger.info("cluster registered by %s", user.name, extra={"cluster": name})

@@ -15,10 +15,10 @@ from aiohttp import web
 
 from tunnel_cli import FlagError, describe_duration, parse_duration
 
-from .auth import authenticate, bearer_token, require_admin
+from .auth import authenticate, bearer_token, confirm, require_admin
 from .config import MAX_API_TOKEN_TTL, MIN_API_TOKEN_TTL
 from .context import CONTEXT, ServerContext, utcnow
-from .errors import BadRequestError, ForbiddenError
+from .errors import ApiError, BadRequestError, ForbiddenError, UnauthorizedError
 from .httpjson import json_response, read_json, require_str, timestamp
 from .proxyrequest import IDENTITY_PREFIX, ProxyExchange
 from .statedir import new_token
@@ -77,8 +77,9 @@ async def add_user(request: web.Request) -> web.Response:
         raise BadRequestError("token_ttl must be a duration such as 8h or 30d")
     expires_at = _token_expiry(context, ttl)
     now = utcnow()
+    await confirm(request, admin)
     user = await context.store.add_user(name, groups, is_admin, now)
-    token = await _issue_token(context, name, expires_at)
+    token = await _issue_token(request, admin, name, expires_at)
     await _audit(context, admin.name, "user.add", name)
     return json_response(
         {"user": _user_view(user), "token": token, "expires_at": timestamp(expires_at)},
@@ -117,7 +118,7 @@ async def new_user_token(request: web.Request) -> web.Response:
         await context.store.revoke_api_tokens(name)
         # At once, not after the new token is stored; live requests on the old ones end.
         ended = await _access_changed(context, admin.name, "user.revoke-tokens", name, user=name)
-    token = await _issue_token(context, name, expires_at)
+    token = await _issue_token(request, admin, name, expires_at)
     await _audit(context, admin.name, "user.token", name)
     return json_response(
         {
@@ -142,10 +143,15 @@ async def new_kubeconfig(request: web.Request) -> web.Response:
     # expiring token cannot be traded for one that lives on.
     cap = None if caller.is_admin else await _expiry_of_callers_token(request, caller)
     expires_at = _token_expiry(context, request.query.get("ttl"), cap=cap)
+    if not caller.is_admin and await context.access.grant(caller.name, cluster) is None:
+        # Which clusters exist is for admins to know: without a grant, one answer for all.
+        raise ForbiddenError(
+            f"user {caller.name} has no grant on cluster {cluster[:63]!r}", code="not_granted"
+        )
     await context.store.get_cluster(cluster)
     user = await context.store.get_user(name)
     grant = await context.access.grant(user.name, cluster)
-    token = await _issue_token(context, user.name, expires_at)
+    token = await _issue_token(request, caller, user.name, expires_at)
     await _audit(context, caller.name, "kubeconfig", f"{name}@{cluster}")
     return json_response(
         {
@@ -173,6 +179,7 @@ async def set_grant(request: web.Request) -> web.Response:
     body = await read_json(request)
     await context.store.get_user(user)
     await context.store.get_cluster(cluster)
+    await confirm(request, admin)
     flags = {key: body.get(key, False) for key in ("commands", "impersonate")}
     if not all(isinstance(value, bool) for value in flags.values()):
         raise BadRequestError("commands and impersonate must be true or false")
@@ -322,17 +329,36 @@ def _lifetime(ttl: str, longest: timedelta | None) -> timedelta:
 
 
 async def _expiry_of_callers_token(request: web.Request, caller: User) -> datetime | None:
-    """When the API token the request carries expires (None: never)."""
+    """When the API token the request carries expires (None: never); 401 if it is gone."""
     token_hash = hash_token(bearer_token(request))
-    tokens = await request.app[CONTEXT].store.list_api_tokens(caller.name)
-    return next((t.expires_at for t in tokens if t.token_hash == token_hash), None)
+    for token in await request.app[CONTEXT].store.list_api_tokens(caller.name):
+        if token.token_hash == token_hash:
+            return token.expires_at
+    # Revoked since the request came: its absence must not read as "never expires".
+    raise UnauthorizedError(
+        "the API token is not valid (unknown, expired or revoked)", code="token_invalid"
+    )
 
 
-async def _issue_token(context: ServerContext, user: str, expires_at: datetime | None) -> str:
-    """A new API token of ``user``, refused from ``expires_at`` on (None: never)."""
+async def _issue_token(
+    request: web.Request, caller: User, user: str, expires_at: datetime | None
+) -> str:
+    """A new API token of ``user``, refused from ``expires_at`` on (None: never).
+
+    Made on ``caller``'s word, which is checked again after the token is
+    stored: a token minted while the caller's was being revoked goes with it.
+    """
+    context = request.app[CONTEXT]
     token = new_token("tat")
-    await context.store.add_api_token(hash_token(token), user, utcnow(), expires_at)
+    token_hash = hash_token(token)
+    await context.store.add_api_token(token_hash, user, utcnow(), expires_at)
     context.access.invalidate()
+    try:
+        await confirm(request, caller)
+    except ApiError:
+        await context.store.delete_api_token(token_hash)
+        context.access.invalidate()
+        raise
     return token
 
 

@@ -12,6 +12,7 @@ __all__ = [
     "MAX_TOKEN_LENGTH",
     "authenticate",
     "bearer_token",
+    "confirm",
     "parse_bearer",
     "require_admin",
 ]
@@ -56,3 +57,20 @@ async def require_admin(request: web.Request) -> User:
     if not user.is_admin:
         raise ForbiddenError(f"user {user.name} is not an admin", code="admin_required")
     return user
+
+
+async def confirm(request: web.Request, caller: User) -> None:
+    """Check the caller again just before a change is made on its word; 401/403 if it lapsed.
+
+    A handler checks the caller when the request head comes, then reads the
+    body (for up to ``httpjson.BODY_TIMEOUT``) or asks the store: a token
+    revoked, a user deleted or an admin demoted meanwhile must not act after
+    all. A revocation clears the access cache, so this asks afresh.
+    """
+    again = await authenticate(request)
+    if again.name != caller.name:
+        raise UnauthorizedError(
+            "the API token is not valid (unknown, expired or revoked)", code="token_invalid"
+        )
+    if caller.is_admin and not again.is_admin:
+        raise ForbiddenError(f"user {again.name} is not an admin", code="admin_required")

@@ -444,9 +444,11 @@ def _caller_impersonation(
             raise ProxyRefusal(403, "Forbidden", f"the {name} header is not supported")
         if value.startswith("system:") or not value or len(value) > 256:
             raise ProxyRefusal(403, "Forbidden", f"{value[:64]!r} cannot be impersonated")
-        headers.append(
-            (name, value if value.startswith(IDENTITY_PREFIX) else IDENTITY_PREFIX + value)
-        )
+        prefixed = value if value.startswith(IDENTITY_PREFIX) else IDENTITY_PREFIX + value
+        if prefixed.startswith(IDENTITY_PREFIX + "system"):
+            # As the agent refuses it: the server does not lean on the agent's check alone.
+            raise ProxyRefusal(403, "Forbidden", f"{value[:64]!r} cannot be impersonated")
+        headers.append((name, prefixed))
     if not any(name == "impersonate-user" for name, _ in headers):
         raise ProxyRefusal(403, "Forbidden", "Impersonate-Group needs Impersonate-User")
     return headers

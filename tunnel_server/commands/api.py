@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from ..auth import authenticate
+from ..auth import authenticate, confirm
 from ..context import CONTEXT, ServerContext
 from ..errors import BadRequestError, ForbiddenError
 from ..httpjson import json_response, read_body, timestamp
@@ -59,6 +59,9 @@ async def submit_command(request: web.Request) -> web.Response:
         spec, facts = spec_facts(spec)
     except SpecError as exc:
         raise BadRequestError(str(exc), code="invalid_spec") from exc
+    # Again after the body: a token revoked or a grant taken away meanwhile stops it.
+    await confirm(request, user)
+    await _require_dispatch(context, user, cluster)
     record, created = await context.commands.submit(cluster, user.name, spec, facts, key)
     return json_response(command_view(record), status=201 if created else 200)
 

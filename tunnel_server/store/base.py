@@ -487,6 +487,10 @@ class Store(CommandStore):
     async def revoke_api_tokens(self, user: str) -> int:
         """Delete every API token of ``user``; return how many."""
 
+    @abc.abstractmethod
+    async def delete_api_token(self, token_hash: str) -> bool:
+        """Delete the API token with this hash; False if there was none."""
+
     # --- grants ---
 
     @abc.abstractmethod

@@ -229,6 +229,9 @@ class SqliteStore(Store):
     async def revoke_api_tokens(self, user: str) -> int:
         return await self._run(ops.revoke_api_tokens, user)
 
+    async def delete_api_token(self, token_hash: str) -> bool:
+        return await self._run(ops.delete_api_token, token_hash)
+
     # --- grants ---
 
     async def set_grant(self, grant: Grant) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from .base import InvalidValueError, NotFoundError, QueueFullError
+from .base import AlreadyExistsError, InvalidValueError, NotFoundError, QueueFullError
 from .commands import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -43,6 +43,11 @@ _TRUNCATED = "[log truncated: the command wrote more than the server keeps]"
 
 def _time(value: str | None) -> datetime | None:
     return None if value is None else decode_time(value)
+
+
+def _as_stored(spec: dict[str, Any]) -> Any:
+    """``spec`` as it reads back from the store (JSON's types)."""
+    return json.loads(json.dumps(spec))
 
 
 def _record(row: sqlite3.Row) -> CommandRecord:
@@ -95,7 +100,16 @@ def add_command(
                 (command.cluster, command.idempotency_key),
             ).fetchone()
             if existing is not None:
-                return _record(existing), False
+                record = _record(existing)
+                asked = (command.submitter, command.type, command.name, _as_stored(command.spec))
+                if (record.submitter, record.type, record.name, record.spec) != asked:
+                    # Neither someone else's command nor a different one answers a retry.
+                    raise AlreadyExistsError(
+                        f"idempotency key {command.idempotency_key!r} was used on cluster "
+                        f"{command.cluster} for another command: a retry sends the same "
+                        "command with its key, a new command a new key"
+                    )
+                return record, False
         if max_pending is not None:
             _check_room(db, command.cluster, max_pending)
         stamp = encode_time(now)

@@ -49,6 +49,7 @@ __all__ = [
     "add_cluster",
     "add_user",
     "consume_bootstrap_token",
+    "delete_api_token",
     "delete_cluster",
     "delete_grant",
     "delete_user",
@@ -363,6 +364,12 @@ def revoke_api_tokens(db: sqlite3.Connection, user: str) -> int:
     with transaction(db):
         _require_user(db, user)
         return db.execute("DELETE FROM api_tokens WHERE user_name = ?", (user,)).rowcount
+
+
+def delete_api_token(db: sqlite3.Connection, token_hash: str) -> bool:
+    """See :meth:`Store.delete_api_token`."""
+    with transaction(db):
+        return db.execute("DELETE FROM api_tokens WHERE token_hash = ?", (token_hash,)).rowcount > 0
 
 
 # --- grants -----------------------------------------------------------------------
