@@ -189,6 +189,24 @@ async def test_an_object_the_api_refuses_fails_with_the_api_message(h: Harness) 
     assert "spec.template.spec.containers: Required value" in result.error
 
 
+async def test_a_secret_the_api_quotes_in_a_refusal_is_masked_wherever_it_falls(
+    h: Harness,
+) -> None:
+    # The API server quotes invalid values; padding moves the Secret's value
+    # along the message, across any place it might be cut (it was cut at 500
+    # characters before masking, and half a secret is not masked).
+    ref = {"secretRef": {"namespace": "vault", "name": "db", "key": "password"}}
+    for pad in range(360, 560, 7):
+        bad = _deployment("web")
+        bad["spec"]["template"]["metadata"]["labels"] = {"app": "other", "pad": "x" * pad, "z": ref}
+        spec = {"objects": [bad], "namespace": "default"}
+        result = await execute(command("manifests", spec), h.context())
+        assert result.error is not None
+        assert SECRET[:6] not in result.error, pad
+        assert "does not match template" in result.error
+    assert SECRET[:6] not in h.log_text()
+
+
 async def test_prune_deletes_what_the_set_no_longer_holds_and_nothing_else(h: Harness) -> None:
     first = {
         "objects": [_configmap("keep"), _configmap("drop"), _deployment("old-web")],

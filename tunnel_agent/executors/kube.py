@@ -24,7 +24,6 @@ __all__ = ["FIELD_MANAGER", "ApiResource", "KubeClient", "split_api_version"]
 #: The field manager of everything the executors apply.
 FIELD_MANAGER = "k8s-reverse-tunnel"
 _MAX_RESPONSE = 32 << 20
-_MAX_MESSAGE = 500
 
 
 def split_api_version(api_version: str) -> tuple[str, str]:
@@ -207,9 +206,10 @@ def _status_error(method: str, path: str, status: int, data: bytes) -> KubeReque
             message = str(document.get("message") or "")
             reason = str(document.get("reason") or "")
     except ValueError:
-        message = data[:_MAX_MESSAGE].decode("utf-8", "replace")
-    if len(message) > _MAX_MESSAGE:
-        message = message[: _MAX_MESSAGE - 3] + "..."
+        message = data.decode("utf-8", "replace")
+    # Not cut here: the API server quotes invalid values, which may hold a
+    # secret, and a secret cut in two is no longer masked. The message is
+    # masked first and cut after (dispatch.py), bounded by the answer's size.
     detail = f"HTTP {status}: {message or reason or 'no message'}"
     return KubeRequestError(
         f"{method} {path}: {detail}", status=status, reason=reason, detail=detail
