@@ -15,6 +15,7 @@ from tests.fakebin import FAKEBIN, fake_environment, process_gone, records, wait
 from tests.fakebin.support import Harness, command, harness
 from tunnel_agent.executors import execute
 from tunnel_agent.executors.labels import MANAGED_BY, MANAGED_BY_VALUE
+from tunnel_agent.executors.tofu import BACKEND_OVERRIDE
 
 SECRET = "s3cr3t-Pa55w0rd"
 PASSWORD_REF = {"secretRef": {"namespace": "vault", "name": "db", "key": "password"}}
@@ -35,9 +36,19 @@ async def h(tmp_path: Path) -> AsyncIterator[Harness]:
 @pytest.fixture
 def repository(tmp_path: Path) -> str:
     """A git repository with a configuration in ``infra/``; its file:// URL."""
-    path = tmp_path / "repository"
-    (path / "infra").mkdir(parents=True)
-    (path / "infra" / "main.tf").write_text('resource "terraform_data" "x" {}\n')
+    return make_repository(tmp_path / "repository")
+
+
+def make_repository(
+    path: Path, files: dict[str, str] | None = None, links: dict[str, str] | None = None
+) -> str:
+    """A repository with ``infra/main.tf``, ``files`` and symbolic ``links``; its file:// URL."""
+    contents = {"infra/main.tf": 'resource "terraform_data" "x" {}\n', **(files or {})}
+    for name, text in contents.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    for name, target in (links or {}).items():
+        (path / name).symlink_to(target)
     git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-C", str(path)]
     subprocess.run(["git", "init", "--quiet", "-b", "main", str(path)], check=True)
     subprocess.run([*git, "add", "."], check=True)
@@ -248,6 +259,57 @@ async def test_a_missing_directory_in_the_repository_fails_naming_the_field(
     result = await execute(command("tofu", spec), h.context(fake_environment(record)))
     assert result.error == "spec.git.path: no directory 'nowhere' at main"
     assert records(record) == []
+
+
+async def test_a_repository_with_a_link_out_of_its_checkout_is_refused(
+    h: Harness, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"  # as the pod's service-account token, outside the checkout
+    token.write_text("the-agents-token")
+    url = make_repository(tmp_path / "repository", links={"infra/notes.txt": str(token)})
+    record = tmp_path / "r.jsonl"
+    result = await execute(command("tofu", _tofu(url)), h.context(fake_environment(record)))
+    assert result.error is not None
+    assert "has a symbolic link out of its checkout (infra/notes.txt): refused" in result.error
+    assert records(record) == []
+
+
+async def test_a_link_within_the_checkout_is_followed_as_before(h: Harness, tmp_path: Path) -> None:
+    files = {"common/shared.tf": 'resource "terraform_data" "y" {}\n'}
+    url = make_repository(
+        tmp_path / "repository", files, links={"infra/shared.tf": "../common/shared.tf"}
+    )
+    record = tmp_path / "r.jsonl"
+    result = await execute(command("tofu", _tofu(url)), h.context(fake_environment(record)))
+    assert result.outcome == "succeeded", result.error
+
+
+@pytest.mark.parametrize("name", ["zzz_override.tf", "override.tf.json", "x_override.tofu"])
+async def test_a_module_that_overrides_the_backend_is_refused(
+    h: Harness, tmp_path: Path, name: str
+) -> None:
+    block = 'terraform {\n  backend "http" { address = "https://example.invalid/state" }\n}\n'
+    url = make_repository(tmp_path / "repository", {f"infra/{name}": block})
+    record = tmp_path / "r.jsonl"
+    result = await execute(command("tofu", _tofu(url)), h.context(fake_environment(record)))
+    assert result.error == (
+        f"spec.git: {name} declares a backend or cloud block; the agent sets the backend "
+        "itself (in the cluster), so a module may not override it"
+    )
+    assert records(record) == []
+
+
+async def test_the_backend_file_replaces_a_link_the_module_put_in_its_place(
+    h: Harness, tmp_path: Path
+) -> None:
+    url = make_repository(tmp_path / "repository", links={f"infra/{BACKEND_OVERRIDE}": "main.tf"})
+    record = tmp_path / "r.jsonl"
+    result = await execute(command("tofu", _tofu(url)), h.context(fake_environment(record)))
+    assert result.outcome == "succeeded", result.error
+    module = Path(records(record)[0]["cwd"])
+    assert (module / "main.tf").read_text() == 'resource "terraform_data" "x" {}\n'
+    assert not (module / BACKEND_OVERRIDE).is_symlink()
+    assert 'backend "kubernetes"' in (module / BACKEND_OVERRIDE).read_text()
 
 
 async def test_cancelling_an_apply_kills_its_process_group(

@@ -3,11 +3,14 @@
 ``git init`` + ``git fetch --depth 1 origin <ref>`` + ``git checkout FETCH_HEAD``
 takes a branch, a tag or a commit id alike (``clone --branch`` takes no
 commit). Only the schemes :data:`tunnel_commands.sources.GIT_SCHEMES` are
-allowed (``GIT_ALLOW_PROTOCOL``), and git never prompts.
+allowed (``GIT_ALLOW_PROTOCOL``), and git never prompts. A checkout with a
+symbolic link out of it is refused: helm and tofu follow links, and would read
+(and print) the agent's own files, its service-account token among them.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tunnel_commands import GitSource
@@ -53,10 +56,28 @@ async def fetch_source(source: GitSource, destination: Path, step: Step, what: s
                 f"{what}: cannot fetch {source.url} at {source.ref}: {result.last_error}",
                 returncode=result.returncode,
             )
+    escaping = _link_out_of(destination)
+    if escaping is not None:
+        raise ExecutorError(
+            f"{what}: {source.url} at {source.ref} has a symbolic link out of its checkout "
+            f"({escaping}): refused, as a chart or module could read the agent's files through it"
+        )
     directory = _checked_out(destination, source.path)
     if directory is None:
         raise ExecutorError(f"{what}.path: no directory {source.path!r} at {source.ref}")
     return directory
+
+
+def _link_out_of(destination: Path) -> str | None:
+    """The first symbolic link in the checkout whose target lies outside it, if any."""
+    root = destination.resolve()
+    for directory, subdirectories, files in os.walk(root):
+        subdirectories[:] = [name for name in subdirectories if name != ".git"]
+        for name in (*subdirectories, *files):
+            path = Path(directory, name)
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                return str(path.relative_to(root))
+    return None
 
 
 def _checked_out(destination: Path, path: str) -> Path | None:

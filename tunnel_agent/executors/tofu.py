@@ -15,6 +15,7 @@ without being logged; sensitive outputs are masked from then on.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,36 @@ def backend_override(
     return 'terraform {\n  backend "' + kind + '" {\n' + "\n".join(lines) + "\n  }\n}\n"
 
 
+#: Files OpenTofu reads after the others, each overriding what came before.
+_OVERRIDE_FILE = re.compile(r"(.*_)?override\.(tf|tofu)(\.json)?")
+#: A backend or cloud block (or its JSON key), wherever it stands.
+_BACKEND_BLOCK = re.compile(r"\b(backend|cloud)\b")
+
+
+def _write_backend_override(module: Path, text: str, what: str) -> None:
+    """Write the agent's backend into ``module``, where nothing of the module's replaces it.
+
+    An override file of the module's own that sorts after the agent's would
+    replace its backend (and send the state, secret variables in it, where
+    the module says): such a module is refused. The file is created afresh,
+    never through a link the module put in its place.
+    """
+    for candidate in sorted(module.iterdir()):
+        name = candidate.name
+        if name == BACKEND_OVERRIDE or not _OVERRIDE_FILE.fullmatch(name):
+            continue
+        if candidate.is_file() and _BACKEND_BLOCK.search(candidate.read_text(errors="replace")):
+            raise ExecutorError(
+                f"{what}: {name} declares a backend or cloud block; the agent sets the "
+                "backend itself (in the cluster), so a module may not override it"
+            )
+    target = module / BACKEND_OVERRIDE
+    target.unlink(missing_ok=True)
+    descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(text)
+
+
 def variable_environment(variables: dict[str, Any]) -> dict[str, str]:
     """``TF_VAR_<name>`` for each resolved variable."""
     return {
@@ -79,10 +110,12 @@ async def run_tofu(spec: TofuSpec, step: Step) -> StepReport:
         for key, value in spec.variables.items()
     }
     module = await fetch_source(spec.source, step.workdir / "source", step, step.path_of("git"))
-    (module / BACKEND_OVERRIDE).write_text(
+    _write_backend_override(
+        module,
         backend_override(
             spec, namespace=context.namespace, kubeconfig=context.kubeconfig, workdir=step.workdir
-        )
+        ),
+        step.path_of("git"),
     )
     environment = {
         **context.environment,
