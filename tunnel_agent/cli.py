@@ -20,12 +20,13 @@ from tunnel_cli import (
     parse_duration,
     run_main,
 )
+from tunnel_commands.spec import COMMAND_TYPES
 from tunnel_mux import Session
 from tunnel_pki.errors import PkiError
 from tunnel_pki.names import validate_cluster_name
 
 from . import __version__
-from .commands import build_command_runner
+from .commands import ALL_COMMAND_TYPES, build_command_runner
 from .config import AgentSettings, ConnectSettings
 from .connector import Agent
 from .credentials import CredentialStore, DirectoryCredentialStore, SecretCredentialStore
@@ -144,6 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(
         run,
+        "--command-types",
+        env + "COMMAND_TYPES",
+        default=",".join(COMMAND_TYPES),
+        help="comma-separated command types this agent runs (default: all); "
+        "tofu runs the module's code in the agent's pod, with its identity",
+    )
+    env_flag(
+        run,
         "--commands-concurrency",
         env + "COMMANDS_CONCURRENCY",
         default="2",
@@ -214,6 +223,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
         health_listen=health,
         commands_concurrency=_positive_int(args.commands_concurrency, "--commands-concurrency"),
+        command_types=_command_types(str(args.command_types)),
         proxy=ProxyPolicy(
             read_only=bool(args.read_only),
             namespaces=frozenset(n.strip() for n in str(args.namespaces).split(",") if n.strip()),
@@ -238,6 +248,16 @@ def _positive_int(value: object, flag: str) -> int:
     if not 1 <= number <= 64:
         raise AgentConfigError(f"{flag} must be a whole number from 1 to 64, not {value!r}")
     return number
+
+
+def _command_types(value: str) -> frozenset[str]:
+    types = frozenset(name.strip() for name in value.split(",") if name.strip())
+    unknown = sorted(types - ALL_COMMAND_TYPES)
+    if unknown or not types:
+        raise AgentConfigError(
+            f"--command-types takes a list of {', '.join(COMMAND_TYPES)}, not {value[:100]!r}"
+        )
+    return types
 
 
 def _read(path: str, what: str) -> bytes:
@@ -266,6 +286,8 @@ async def run_agent(settings: AgentSettings) -> None:
         kubeconfig=settings.kubeconfig,
         settings=RunnerSettings(concurrency=settings.commands_concurrency),
         read_only=settings.proxy.read_only,
+        command_types=settings.command_types,
+        own_secrets=(settings.bootstrap_token,) if settings.bootstrap_token else (),
     )
     router = StreamRouter()
     router.add(kinds.STREAM_HTTP, proxy.handle)

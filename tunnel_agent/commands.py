@@ -11,19 +11,33 @@ from pathlib import Path
 from typing import Any
 
 from tunnel_commands import CommandSpecError, parse_command
+from tunnel_commands.flow import FlowSpec
+from tunnel_commands.spec import COMMAND_TYPES
 
 from .executors import ExecutionContext, execute, subprocess_environment
 from .journal import Journal
 from .kubeapi import KubeApi
 from .runner import CommandRunner, JobContext, RunnerSettings
 
-__all__ = ["build_command_runner", "validate_spec"]
+__all__ = ["ALL_COMMAND_TYPES", "build_command_runner", "validate_spec"]
 
 
-def validate_spec(spec: dict[str, Any], *, read_only: bool = False) -> None:
-    """Raise ValueError, naming the field, unless ``spec`` is a valid command.
+#: Every command type: what an agent runs unless told otherwise (--command-types).
+ALL_COMMAND_TYPES = frozenset(COMMAND_TYPES)
+
+
+def validate_spec(
+    spec: dict[str, Any],
+    *,
+    read_only: bool = False,
+    command_types: frozenset[str] = ALL_COMMAND_TYPES,
+) -> None:
+    """Raise ValueError, naming the field, unless ``spec`` is a valid command this agent runs.
 
     A read-only agent runs queries only: every other type changes the cluster.
+    ``command_types`` are the types the cluster's owner lets the agent run
+    (a flow's steps included): ``tofu`` runs the module's code in the agent's
+    pod, with its identity.
     """
     try:
         command = parse_command(spec)
@@ -32,6 +46,15 @@ def validate_spec(spec: dict[str, Any], *, read_only: bool = False) -> None:
     if read_only and command.type != "query":
         raise ValueError(
             f"this agent is read-only: it runs query commands only, not {command.type}"
+        )
+    used = {command.type}
+    if isinstance(command.spec, FlowSpec):
+        used.update(step.type for step in command.spec.steps)
+    refused = sorted(used - command_types)
+    if refused:
+        raise ValueError(
+            f"this agent does not run {', '.join(refused)} commands; it runs "
+            f"{', '.join(sorted(command_types))} (its --command-types)"
         )
 
 
@@ -44,14 +67,22 @@ def build_command_runner(
     settings: RunnerSettings | None = None,
     environment: dict[str, str] | None = None,
     read_only: bool = False,
+    command_types: frozenset[str] = ALL_COMMAND_TYPES,
+    own_secrets: tuple[str, ...] = (),
 ) -> CommandRunner:
     """A runner whose jobs run through the executors with the agent's API access.
 
     ``environment`` is the base environment of helm, tofu and git (by default
-    the part of the agent's own that executors pass on).
+    the part of the agent's own that executors pass on); each run gets a home
+    directory of its own in it. ``own_secrets`` (the bootstrap token) and the
+    agent's service-account token are masked in every run's log and result,
+    as the values a spec's ``secretRef`` reads are.
     """
 
     async def run(spec: dict[str, Any], job: JobContext) -> dict[str, Any]:
+        base = dict(environment) if environment is not None else subprocess_environment()
+        home = job.workdir / "home"
+        home.mkdir(exist_ok=True)
         context = ExecutionContext(
             command_id=job.command_id,
             attempt=job.attempt,
@@ -60,10 +91,11 @@ def build_command_runner(
             log=job.log,
             kubeconfig=kubeconfig,
             namespace=namespace,
-            environment=(
-                dict(environment) if environment is not None else subprocess_environment()
-            ),
+            # Nothing one run leaves in its home (a .gitconfig) reaches the next.
+            environment=base | {"HOME": str(home)},
         )
+        for secret in (*own_secrets, *_bearer(await kube.authorization())):
+            context.masker.add(secret)
         result = await execute(parse_command(spec), context)
         return {
             "outcome": result.outcome,
@@ -73,6 +105,12 @@ def build_command_runner(
         }
 
     def validate(spec: dict[str, Any]) -> None:
-        validate_spec(spec, read_only=read_only)
+        validate_spec(spec, read_only=read_only, command_types=command_types)
 
     return CommandRunner(run, validate, journal, settings)
+
+
+def _bearer(authorization: str | None) -> tuple[str, ...]:
+    """The token of an ``Authorization: Bearer`` value, if any."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return (token.strip(),) if scheme.lower() == "bearer" and token.strip() else ()

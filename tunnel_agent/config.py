@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from protocol import Keepalive, Limits
+from tunnel_commands.spec import COMMAND_TYPES
 
 from .policy import ProxyPolicy
 
@@ -43,4 +44,6 @@ class AgentSettings:
     health_listen: tuple[str, int] | None = None
     connect: ConnectSettings = field(default_factory=ConnectSettings)
     commands_concurrency: int = 2
+    #: The command types this agent runs (--command-types).
+    command_types: frozenset[str] = frozenset(COMMAND_TYPES)
     proxy: ProxyPolicy = field(default_factory=ProxyPolicy)

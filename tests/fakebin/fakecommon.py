@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 _RECORDED_PREFIXES = ("TF_VAR_", "TF_", "HELM_")
-_RECORDED = ("KUBECONFIG", "CHECKPOINT_DISABLE")
+_RECORDED = ("KUBECONFIG", "CHECKPOINT_DISABLE", "HOME")
 
 
 def record(tool: str, **extra: Any) -> None:

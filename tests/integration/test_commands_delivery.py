@@ -284,3 +284,19 @@ def test_a_read_only_agent_runs_queries_only() -> None:
     validate_spec(manifests)
     with pytest.raises(ValueError, match="read-only"):
         validate_spec(manifests, read_only=True)
+
+
+def test_an_agent_runs_only_the_command_types_its_owner_allows() -> None:
+    from tunnel_agent.commands import validate_spec
+
+    allowed = frozenset({"query", "manifests", "flow"})
+    validate_spec(command("ok-query"), command_types=allowed)
+    git = {"url": "https://git.example.com/infra.git", "ref": "main", "path": "infra"}
+    tofu = {"apiVersion": "tunnel/v1", "type": "tofu", "name": "infra", "spec": {"git": git}}
+    refusal = "this agent does not run tofu commands; it runs flow, manifests, query"
+    with pytest.raises(ValueError, match=refusal):
+        validate_spec(tofu, command_types=allowed)
+    step = {"name": "infra", "type": "tofu", "git": git}
+    flow = {"apiVersion": "tunnel/v1", "type": "flow", "name": "release", "spec": {"steps": [step]}}
+    with pytest.raises(ValueError, match=refusal):  # nor as a step of a flow
+        validate_spec(flow, command_types=allowed)

@@ -8,6 +8,7 @@ never receive a Secret value: its database and logs are searched for it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import subprocess
 from collections.abc import AsyncIterator
@@ -31,6 +32,7 @@ from .harness import RunningServer, agent_settings, running_agent
 from .test_commands_delivery import until_state
 
 SECRET = "s3cr3t-Pa55w0rd-e2e"
+BOOTSTRAP_TOKEN = "tbt_the-agents-own-bootstrap-token"
 PASSWORD_REF = {"secretRef": {"namespace": "vault", "name": "db", "key": "password"}}
 
 
@@ -77,6 +79,7 @@ async def cluster(server: RunningServer, tmp_path: Path) -> AsyncIterator[Cluste
             namespace="default",
             kubeconfig=kubeconfig,
             environment=fake_environment(record),
+            own_secrets=(BOOTSTRAP_TOKEN,),
         )
         router = StreamRouter()
         router.add(kinds.STREAM_COMMAND, runner.handle_offer)
@@ -242,3 +245,30 @@ async def assert_server_never_saw(cluster: Cluster, caplog: pytest.LogCaptureFix
     assert SECRET not in str(commands)
     server_lines = [r.getMessage() for r in caplog.records if r.name.startswith("tunnel_server")]
     assert all(SECRET not in line for line in server_lines)
+
+
+async def test_the_agents_own_tokens_never_reach_the_server_in_a_result(cluster: Cluster) -> None:
+    # As a command that copied them into an object would read them back.
+    cluster.stub.add(configmap("copied", sa=cluster.stub.token, bootstrap=BOOTSTRAP_TOKEN))
+    get = {"apiVersion": "v1", "kind": "ConfigMap", "namespace": "apps", "name": "copied"}
+    done = await cluster.run("query", "read-back", {"get": get})
+    assert done["state"] == "succeeded", done["error"]
+    text = json.dumps(done)
+    assert '"copied"' in text  # the object came back, its values masked
+    assert cluster.stub.token not in text
+    assert BOOTSTRAP_TOKEN not in text
+
+
+async def test_each_run_has_a_home_of_its_own(cluster: Cluster, repository: Path) -> None:
+    spec = {"git": {"url": f"file://{repository}", "ref": "main", "path": "infra"}}
+    for name in ("first", "second"):
+        done = await cluster.run("tofu", name, spec)
+        assert done["state"] == "succeeded", done["error"]
+    inits = [call for call in records(cluster.record) if call["argv"][0] == "init"]
+    homes = [Path(call["env"]["HOME"]) for call in inits]
+    assert len(set(homes)) == 2
+    # Inside the run's own work directory, which goes with the run.
+    assert all(
+        Path(call["cwd"]).is_relative_to(home.parent)
+        for call, home in zip(inits, homes, strict=True)
+    )

@@ -90,6 +90,7 @@ def test_the_image_the_credentials_secret_and_the_namespaces_are_set() -> None:
     assert agent["image"] == values.image
     assert env["TUNNEL_AGENT_CREDENTIALS_SECRET"] == "agents/tunnel-agent-credentials"
     assert env["TUNNEL_AGENT_NAMESPACES"] == "team-a,team-b"
+    assert env["TUNNEL_AGENT_COMMAND_TYPES"] == "manifests,helm,query,flow"  # no tofu
     for name in values.namespaces:
         find(objects, "Role", "tunnel-agent-commands", name)
         binding = find(objects, "RoleBinding", "tunnel-agent-commands", name)

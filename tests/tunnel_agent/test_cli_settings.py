@@ -123,6 +123,15 @@ AGENT_FLAGS = [
         frozenset({"team-c"}),
     ),
     FlagCase(
+        "--command-types",
+        "TUNNEL_AGENT_COMMAND_TYPES",
+        "query,manifests",
+        " helm , ",
+        lambda a, s: s.command_types,
+        frozenset({"query", "manifests"}),
+        frozenset({"helm"}),
+    ),
+    FlagCase(
         "--allow-secret-values",
         "TUNNEL_AGENT_ALLOW_SECRET_VALUES",
         "true",
@@ -264,6 +273,7 @@ def test_agent_defaults_without_flags_or_environment() -> None:
     assert settings.proxy.read_only is False
     assert settings.proxy.namespaces == frozenset()
     assert settings.proxy.allow_secret_values is False
+    assert settings.command_types == {"manifests", "helm", "tofu", "flow", "query"}
 
 
 def test_bootstrap_token_file_is_read_and_stripped() -> None:
@@ -323,6 +333,12 @@ def test_unreadable_ca_bundle_names_the_file() -> None:
 def test_unreadable_bootstrap_token_file_names_the_file() -> None:
     with pytest.raises(AgentConfigError, match="cannot read the bootstrap token from gone"):
         agent_settings(bootstrap_token_file="gone")
+
+
+@pytest.mark.parametrize("value", ["query,terraform", ",", ""])
+def test_command_types_must_name_command_types(value: str) -> None:
+    with pytest.raises(AgentConfigError, match="--command-types takes a list of manifests, helm"):
+        agent_settings(command_types=value)
 
 
 @pytest.mark.parametrize("value", ["localhost", "127.0.0.1:", "127.0.0.1:http"])
