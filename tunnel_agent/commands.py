@@ -68,15 +68,17 @@ def build_command_runner(
     environment: dict[str, str] | None = None,
     read_only: bool = False,
     command_types: frozenset[str] = ALL_COMMAND_TYPES,
-    own_secrets: tuple[str, ...] = (),
+    masked_values: tuple[str, ...] = (),
+    own_secrets: frozenset[tuple[str, str]] = frozenset(),
 ) -> CommandRunner:
     """A runner whose jobs run through the executors with the agent's API access.
 
     ``environment`` is the base environment of helm, tofu and git (by default
     the part of the agent's own that executors pass on); each run gets a home
-    directory of its own in it. ``own_secrets`` (the bootstrap token) and the
+    directory of its own in it. ``masked_values`` (the bootstrap token) and the
     agent's service-account token are masked in every run's log and result,
-    as the values a spec's ``secretRef`` reads are.
+    as the values a spec's ``secretRef`` reads are. ``own_secrets`` are the
+    agent's Secrets, ``(namespace, name)``, which no command reads or writes.
     """
 
     async def run(spec: dict[str, Any], job: JobContext) -> dict[str, Any]:
@@ -93,8 +95,9 @@ def build_command_runner(
             namespace=namespace,
             # Nothing one run leaves in its home (a .gitconfig) reaches the next.
             environment=base | {"HOME": str(home)},
+            own_secrets=own_secrets,
         )
-        for secret in (*own_secrets, *_bearer(await kube.authorization())):
+        for secret in (*masked_values, *_bearer(await kube.authorization())):
             context.masker.add(secret)
         result = await execute(parse_command(spec), context)
         return {

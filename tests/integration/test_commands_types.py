@@ -79,7 +79,8 @@ async def cluster(server: RunningServer, tmp_path: Path) -> AsyncIterator[Cluste
             namespace="default",
             kubeconfig=kubeconfig,
             environment=fake_environment(record),
-            own_secrets=(BOOTSTRAP_TOKEN,),
+            masked_values=(BOOTSTRAP_TOKEN,),
+            own_secrets=frozenset({("agents", "tunnel-agent-credentials")}),
         )
         router = StreamRouter()
         router.add(kinds.STREAM_COMMAND, runner.handle_offer)
@@ -272,3 +273,34 @@ async def test_each_run_has_a_home_of_its_own(cluster: Cluster, repository: Path
         Path(call["cwd"]).is_relative_to(home.parent)
         for call, home in zip(inits, homes, strict=True)
     )
+
+
+OWN = {"namespace": "agents", "name": "tunnel-agent-credentials"}
+REFUSED = "secret agents/tunnel-agent-credentials is the agent's own"
+
+
+async def test_a_command_cannot_read_the_agents_own_secret(cluster: Cluster) -> None:
+    # Its key would let whoever reads it connect as this cluster's agent.
+    stolen = {"secretRef": {**OWN, "key": "tls.key"}}
+    done = await cluster.run("manifests", "steal", {"objects": [configmap("k", key=stolen)]})
+    assert done["state"] == "failed"
+    assert REFUSED in done["error"]
+    assert cluster.stub.get("v1", "ConfigMap", "k", "apps") is None
+
+
+async def test_a_command_cannot_write_the_agents_own_secret(cluster: Cluster) -> None:
+    overwrite = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": OWN["name"], "namespace": OWN["namespace"]},
+        "stringData": {"tls.key": "garbage"},
+    }
+    done = await cluster.run("manifests", "lock-out", {"objects": [overwrite]})
+    assert done["state"] == "failed"
+    assert REFUSED in done["error"]
+    assert cluster.stub.get("v1", "Secret", OWN["name"], OWN["namespace"]) is None
+    # Nor as the Secret a command writes its outputs to.
+    spec = {"git": {"url": "file:///nowhere", "ref": "main", "path": "infra"}}
+    done = await cluster.run("tofu", "outputs", spec, outputsSecret=OWN)
+    assert done["state"] == "failed"
+    assert REFUSED in done["error"]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..kubeapi import KubeApi
+from .errors import ExecutorError
 from .masking import Masker
 
 __all__ = [
@@ -80,10 +81,25 @@ class ExecutionContext:
     namespace: str = "default"
     environment: dict[str, str] = field(default_factory=subprocess_environment)
     masker: Masker = field(default_factory=Masker)
+    #: The agent's own Secrets, ``(namespace, name)``: its credentials and its
+    #: bootstrap token. No command reads or writes them (:meth:`check_not_own`).
+    own_secrets: frozenset[tuple[str, str]] = frozenset()
     #: Seconds between SIGTERM and SIGKILL when a process is stopped.
     kill_grace: float = 5.0
     #: Seconds between readiness checks while waiting for objects.
     poll_interval: float = 2.0
+
+    def check_not_own(self, namespace: str | None, name: str, path: str) -> None:
+        """Refuse, naming ``path``, a Secret that is the agent's own.
+
+        With its key, a command could connect as this cluster's agent; with it
+        overwritten, the agent could not connect at all.
+        """
+        if (namespace or "", name) in self.own_secrets:
+            raise ExecutorError(
+                f"{path}: secret {namespace}/{name} is the agent's own (its credentials or "
+                "bootstrap token); commands may not read or write it"
+            )
 
     def emit(self, line: str) -> None:
         """Send one log line, secret values masked, at most :data:`MAX_LINE` characters."""

@@ -34,7 +34,7 @@ async def execute(command: Command, context: ExecutionContext) -> ExecutionResul
     Outputs produced before a failure or timeout are still written.
     """
     client = KubeClient(context.kube)
-    secrets = SecretResolver(context.kube, context.masker)
+    secrets = SecretResolver(context.kube, context.masker, context.own_secrets)
     step = Step(context, client, ValueResolver(secrets, context.masker), "spec", context.workdir)
     context.emit(f"{command.type} command {command.name}: attempt {context.attempt} started")
     report: StepReport | None = None
@@ -42,6 +42,9 @@ async def execute(command: Command, context: ExecutionContext) -> ExecutionResul
     timer = asyncio.timeout(command.timeout)
     try:
         async with timer:
+            target = command.outputs_secret
+            if target is not None:
+                context.check_not_own(target.namespace, target.name, "outputsSecret")
             report = await run_spec(command.spec, step)
     except ExecutorError as exc:
         error = str(exc)

@@ -42,13 +42,21 @@ class OutputValue:
 class SecretResolver:
     """Reads keys of Secrets through kubernetes_asyncio, caching each Secret for the run."""
 
-    def __init__(self, kube: KubeApi, masker: Masker) -> None:
+    def __init__(
+        self, kube: KubeApi, masker: Masker, own: frozenset[tuple[str, str]] = frozenset()
+    ) -> None:
         self._kube = kube
         self._masker = masker
+        self._own = own
         self._cache: dict[tuple[str, str], dict[str, str]] = {}
 
     async def get(self, ref: SecretRef, path: str) -> str:
         """The text of ``ref``'s key; ``path`` (the spec field) names it in errors."""
+        if (ref.namespace, ref.name) in self._own:
+            raise ExecutorError(
+                f"{path}: secret {ref.namespace}/{ref.name} is the agent's own (its "
+                "credentials or bootstrap token); commands may not read or write it"
+            )
         data = self._cache.get((ref.namespace, ref.name))
         if data is None:
             data = await self._read(ref, path)
