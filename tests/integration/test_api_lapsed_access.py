@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ..tunnel_server.frontdoor_support import PREFIX, caller, request
+from ..tunnel_server.frontdoor_support import PREFIX, Reply, caller, request
 from .commands_support import command
 from .harness import RunningServer
 
@@ -33,26 +33,29 @@ async def user_with_token(
     return token
 
 
-def split_at_body(whole: bytes) -> tuple[bytes, bytes]:
-    head, body = whole.split(b"\r\n\r\n", 1)
-    return head + b"\r\n\r\n", body
+async def body_after(
+    server: RunningServer, path: str, token: str, body: Any, meanwhile: str
+) -> Reply:
+    """POST ``body`` as JSON, head first; the admin DELETEs ``meanwhile`` before the rest."""
+    sent = request(
+        "POST", path, token, "Content-Type: application/json", body=json.dumps(body).encode()
+    )
+    head, rest = sent.split(b"\r\n\r\n", 1)
+    async with caller(server) as connection:
+        connection.send(head + b"\r\n\r\n")
+        # The caller was checked when the head came.
+        status, _ = await server.api("DELETE", meanwhile)
+        assert status == 200
+        connection.send(rest)
+        return await connection.reply()
 
 
 async def test_a_change_whose_body_comes_after_the_callers_deletion_is_not_made(
     server: RunningServer,
 ) -> None:
     ops = await user_with_token(server, "ops", admin=True)
-    body = json.dumps({"name": "backdoor", "admin": True}).encode()
-    head, rest = split_at_body(
-        request("POST", "/api/v1/users", ops, "Content-Type: application/json", body=body)
-    )
-    async with caller(server) as connection:
-        connection.send(head)
-        # Checked when the head came; the admin deletes ops before the body does.
-        status, _ = await server.api("DELETE", "/api/v1/users/ops")
-        assert status == 200
-        connection.send(rest)
-        reply = await connection.reply()
+    backdoor = {"name": "backdoor", "admin": True}
+    reply = await body_after(server, "/api/v1/users", ops, backdoor, "/api/v1/users/ops")
     assert reply.status == 401
     status, users = await server.api("GET", "/api/v1/users")
     assert status == 200
@@ -64,32 +67,23 @@ async def test_a_command_whose_body_comes_after_its_grant_went_is_not_queued(
 ) -> None:
     await server.add_cluster("prod")
     dev = await user_with_token(server, "dev", grant={"commands": True})
-    body = json.dumps(command("after-ungrant")).encode()
-    head, rest = split_at_body(
-        request(
-            "POST",
-            "/api/v1/clusters/prod/commands",
-            dev,
-            "Content-Type: application/json",
-            body=body,
-        )
-    )
-    async with caller(server) as connection:
-        connection.send(head)
-        status, _ = await server.api("DELETE", "/api/v1/grants/dev/prod")
-        assert status == 200
-        connection.send(rest)
-        reply = await connection.reply()
+    path, spec = "/api/v1/clusters/prod/commands", command("after-ungrant")
+    reply = await body_after(server, path, dev, spec, "/api/v1/grants/dev/prod")
     assert reply.status == 403
     status, queued = await server.api("GET", "/api/v1/commands")
     assert (status, queued) == (200, [])
 
 
-async def test_a_token_minted_while_the_callers_is_revoked_goes_with_it(
-    server: RunningServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+async def bob(server: RunningServer) -> str:
+    """The token of bob, who has a grant on cluster prod."""
     await server.add_cluster("prod")
-    bob = await user_with_token(server, "bob", grant={})
+    return await user_with_token(server, "bob", grant={})
+
+
+async def test_a_token_minted_while_the_callers_is_revoked_goes_with_it(
+    server: RunningServer, bob: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = server.context.store
     add_api_token = store.add_api_token
     minted: list[str] = []
@@ -112,10 +106,8 @@ async def test_a_token_minted_while_the_callers_is_revoked_goes_with_it(
 
 
 async def test_a_token_gone_from_the_store_is_not_read_as_one_that_never_expires(
-    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+    server: RunningServer, bob: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await server.add_cluster("prod")
-    bob = await user_with_token(server, "bob", grant={})
     store = server.context.store
 
     async def none_left(user: str) -> list[Any]:
@@ -133,33 +125,20 @@ async def test_an_idempotency_key_never_answers_with_another_users_command(
 ) -> None:
     await server.add_cluster("prod")
     mallory = await user_with_token(server, "mallory", grant={"commands": True})
-    path = "/api/v1/clusters/prod/commands"
-    status, first = await server.api(
-        "POST",
-        path,
-        {"spec": command("mallory-thing"), "idempotency_key": "nightly"},
-        token=mallory,
-    )
+
+    async def submit(name: str, token: str | None = None) -> tuple[int, Any]:
+        body = {"spec": command(name), "idempotency_key": "nightly"}
+        return await server.api("POST", "/api/v1/clusters/prod/commands", body, token=token)
+
+    status, first = await submit("mallory-thing", mallory)
     assert status == 201
-    status, answer = await server.api(
-        "POST", path, {"spec": command("admin-release"), "idempotency_key": "nightly"}
-    )
+    status, answer = await submit("admin-release")  # as the admin
     assert (status, answer["error"]["code"]) == (409, "already_exists")
     assert "mallory" not in json.dumps(answer)
     # Nor does the same user's different command pass as a retry; the same one does.
-    status, _ = await server.api(
-        "POST",
-        path,
-        {"spec": command("other-thing"), "idempotency_key": "nightly"},
-        token=mallory,
-    )
+    status, _ = await submit("other-thing", mallory)
     assert status == 409
-    status, again = await server.api(
-        "POST",
-        path,
-        {"spec": command("mallory-thing"), "idempotency_key": "nightly"},
-        token=mallory,
-    )
+    status, again = await submit("mallory-thing", mallory)
     assert (status, again["id"]) == (200, first["id"])
 
 
