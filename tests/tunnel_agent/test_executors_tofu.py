@@ -274,6 +274,15 @@ async def test_a_repository_with_a_link_out_of_its_checkout_is_refused(
     assert records(record) == []
 
 
+async def test_a_loop_of_links_in_the_checkout_is_refused(h: Harness, tmp_path: Path) -> None:
+    links = {"infra/a.tf": "b.tf", "infra/b.tf": "a.tf"}
+    url = make_repository(tmp_path / "repository", links=links)
+    record = tmp_path / "r.jsonl"
+    result = await execute(command("tofu", _tofu(url)), h.context(fake_environment(record)))
+    assert result.error is not None
+    assert "has a symbolic link out of its checkout (infra/a.tf): refused" in result.error
+
+
 async def test_a_link_within_the_checkout_is_followed_as_before(h: Harness, tmp_path: Path) -> None:
     files = {"common/shared.tf": 'resource "terraform_data" "y" {}\n'}
     url = make_repository(

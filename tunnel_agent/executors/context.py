@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..kubeapi import KubeApi
-from .errors import ExecutorError
+from .errors import own_secret_error
 from .masking import Masker
 
 __all__ = [
@@ -96,10 +96,7 @@ class ExecutionContext:
         overwritten, the agent could not connect at all.
         """
         if (namespace or "", name) in self.own_secrets:
-            raise ExecutorError(
-                f"{path}: secret {namespace}/{name} is the agent's own (its credentials or "
-                "bootstrap token); commands may not read or write it"
-            )
+            raise own_secret_error(namespace, name, path)
 
     def emit(self, line: str) -> None:
         """Send one log line, secret values masked, at most :data:`MAX_LINE` characters."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from tunnel_agent.errors import AgentError
 
-__all__ = ["ExecutorError", "KubeRequestError", "ProcessError"]
+__all__ = ["ExecutorError", "KubeRequestError", "ProcessError", "own_secret_error"]
 
 
 class ExecutorError(AgentError):
@@ -45,3 +45,11 @@ class ProcessError(ExecutorError):
     def __init__(self, message: str, *, returncode: int | None = None) -> None:
         super().__init__(message)
         self.returncode = returncode
+
+
+def own_secret_error(namespace: str | None, name: str, path: str) -> ExecutorError:
+    """The refusal, naming ``path``, of a Secret that is the agent's own."""
+    return ExecutorError(
+        f"{path}: secret {namespace}/{name} is the agent's own (its credentials or "
+        "bootstrap token); commands may not read or write it"
+    )

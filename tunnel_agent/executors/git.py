@@ -75,9 +75,16 @@ def _link_out_of(destination: Path) -> str | None:
         subdirectories[:] = [name for name in subdirectories if name != ".git"]
         for name in (*subdirectories, *files):
             path = Path(directory, name)
-            if path.is_symlink() and not path.resolve().is_relative_to(root):
+            if path.is_symlink() and not _within(path, root):
                 return str(path.relative_to(root))
     return None
+
+
+def _within(link: Path, root: Path) -> bool:
+    try:
+        return link.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # a loop of links leads nowhere it may go
+        return False
 
 
 def _checked_out(destination: Path, path: str) -> Path | None:

@@ -21,7 +21,7 @@ from tunnel_commands import OutputRef, SecretRef, Value
 from tunnel_commands.errors import join_path
 
 from ..kubeapi import KubeApi
-from .errors import ExecutorError
+from .errors import ExecutorError, own_secret_error
 from .masking import Masker
 
 __all__ = ["OutputValue", "SecretResolver", "ValueResolver"]
@@ -53,10 +53,7 @@ class SecretResolver:
     async def get(self, ref: SecretRef, path: str) -> str:
         """The text of ``ref``'s key; ``path`` (the spec field) names it in errors."""
         if (ref.namespace, ref.name) in self._own:
-            raise ExecutorError(
-                f"{path}: secret {ref.namespace}/{ref.name} is the agent's own (its "
-                "credentials or bootstrap token); commands may not read or write it"
-            )
+            raise own_secret_error(ref.namespace, ref.name, path)
         data = self._cache.get((ref.namespace, ref.name))
         if data is None:
             data = await self._read(ref, path)
