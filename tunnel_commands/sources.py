@@ -21,7 +21,10 @@ __all__ = ["GIT_SCHEMES", "GitSource", "parse_git_source"]
 
 #: URL schemes a git source may use (also given to git as GIT_ALLOW_PROTOCOL).
 GIT_SCHEMES = ("https", "http", "ssh", "git", "file")
-_SCP_LIKE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9._/~-]+$")
+# No part may start with "-": ssh would read it as an option (-oProxyCommand=...).
+_SCP_LIKE = re.compile(
+    r"^[A-Za-z0-9._][A-Za-z0-9._-]*@[A-Za-z0-9.][A-Za-z0-9.-]*:[A-Za-z0-9._/~-]+$"
+)
 _REF = re.compile(r"^(?!-)(?!.*\.\.)[A-Za-z0-9._/+-]{1,255}$")
 _PATH_PART = re.compile(r"^[A-Za-z0-9._+-]+$")
 
@@ -59,6 +62,8 @@ def _check_url(url: str, path: str) -> str:
         )
     if split.scheme != "file" and not split.hostname:
         raise CommandSpecError(path, "must name a host")
+    if (split.hostname or "").startswith("-") or (split.username or "").startswith("-"):
+        raise CommandSpecError(path, "must not have a host or user starting with '-'")
     if any(char.isspace() for char in url):
         raise CommandSpecError(path, "must not contain white space")
     return url

@@ -88,6 +88,15 @@ def test_the_path_defaults_to_the_repository_root() -> None:
         ({"git": GIT | {"url": "ext::sh -c id"}}, "spec.git.url: must be a https, http, ssh"),
         ({"git": GIT | {"url": "-uhttps://x"}}, "spec.git.url: must be a https, http, ssh"),
         (
+            {"git": GIT | {"url": "ssh://-oProxyCommand=id/x.git"}},
+            "spec.git.url: must not have a host or user starting with '-'",
+        ),
+        (
+            {"git": GIT | {"url": "ssh://-oProxyCommand=id@host/x.git"}},
+            "spec.git.url: must not have a host or user starting with '-'",
+        ),
+        ({"git": GIT | {"url": "a@-oProxyCommand:x"}}, "spec.git.url: must be a https, http, ssh"),
+        (
             {"git": GIT | {"url": "https://user:token@git.example.com/x.git"}},
             "spec.git.url: must not hold a password",
         ),
