@@ -44,10 +44,12 @@ AGENT_SOCKET_PATH = kinds.PATH_AGENT_CONNECT
 
 
 class _Admission:
-    """Counts agent handshakes in progress, to refuse a reconnect storm politely."""
+    """Agent handshakes in progress (to refuse a reconnect storm politely), and renewals."""
 
     def __init__(self) -> None:
         self.pending = 0
+        #: When each cluster's certificate was last renewed (event loop time).
+        self.renewed: dict[str, float] = {}
 
 
 _ADMISSION: web.AppKey[_Admission] = web.AppKey("agent_admission", _Admission)
@@ -121,7 +123,7 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
         await websocket.prepare(request)
     finally:
         admission.pending -= 1
-    renewals = _Renewals(context, identity.cluster, identity.serial)
+    renewals = _Renewals(context, identity.cluster, identity.serial, admission.renewed)
     session = Session(
         WebSocketTransport(websocket),
         Connection(
@@ -228,11 +230,15 @@ REVOKED_SESSION = (
 class _Renewals:
     """Signs renewal CSRs that arrive on one agent's session."""
 
-    def __init__(self, context: ServerContext, cluster: str, serial: int) -> None:
+    def __init__(
+        self, context: ServerContext, cluster: str, serial: int, renewed: dict[str, float]
+    ) -> None:
         self._context = context
         self._cluster = cluster
         #: The serial of the certificate the session was opened with.
         self._serial = serial
+        #: When each cluster last renewed, shared by all sessions.
+        self._renewed = renewed
         self.session: Session | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -256,6 +262,7 @@ class _Renewals:
                 raise ForbiddenError("cert.renew needs a PEM csr")
             if self._serial in context.revoked:
                 raise ForbiddenError(REVOKED_SESSION)
+            self._check_spacing()
             now = utcnow()
             issued = context.identity.ca.sign_client_csr(
                 csr.encode(), self._cluster, context.settings.identity.client_cert_lifetime, now
@@ -276,6 +283,7 @@ class _Renewals:
             logger.warning("certificate renewal refused: %s", exc, extra={"cluster": self._cluster})
             self._send(kinds.MESSAGE_CERT_REFUSED, {"message": str(exc)[:200]})
             return
+        self._renewed[self._cluster] = asyncio.get_running_loop().time()
         logger.info(
             "renewed the agent's certificate until %s",
             issued.not_after,
@@ -285,6 +293,24 @@ class _Renewals:
             kinds.MESSAGE_CERT_ISSUED,
             {"certificate": issued.cert_pem.decode(), "ca": context.identity.ca.cert_pem.decode()},
         )
+
+    def _check_spacing(self) -> None:
+        """Refuse a renewal within a tenth of a lifetime of the cluster's last one.
+
+        An agent renews at half its certificate's lifetime; one that asks
+        again and again (272 certificates in 0.2 s, in review) only fills the
+        store with certificates that must all be revoked if it is stolen.
+        """
+        last = self._renewed.get(self._cluster)
+        if last is None:
+            return
+        spacing = self._context.settings.identity.client_cert_lifetime.total_seconds() / 10
+        wait = last + spacing - asyncio.get_running_loop().time()
+        if wait > 0:
+            raise ForbiddenError(
+                f"cluster {self._cluster}'s certificate was renewed less than {spacing:.0f}s "
+                f"ago (a tenth of its lifetime); ask again in {wait:.0f}s"
+            )
 
     def _send(self, kind: str, body: dict[str, Any]) -> None:
         if self.session is not None and self.session.is_open:

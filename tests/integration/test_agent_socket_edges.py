@@ -171,3 +171,16 @@ async def test_the_version_an_agent_announces_cannot_forge_log_lines(
     assert status == 200
     assert view["agent_version"] == forged[:64].replace("\n", "?")
     assert all("\n" not in record.getMessage() for record in caplog.records)
+
+
+async def test_a_cluster_renews_at_most_once_in_a_tenth_of_a_lifetime(
+    server: RunningServer,
+) -> None:
+    async with attached(server, "prod") as (session, messages):
+        session.send_message(kinds.MESSAGE_CERT_RENEW, renewal_request("prod"))
+        first, _ = await messages.next()
+        session.send_message(kinds.MESSAGE_CERT_RENEW, renewal_request("prod"))
+        second, body = await messages.next()
+    assert (first, second) == (kinds.MESSAGE_CERT_ISSUED, kinds.MESSAGE_CERT_REFUSED)
+    # The default lifetime is 30 days: a tenth is three.
+    assert "renewed less than 259200s ago (a tenth of its lifetime)" in body["message"]
