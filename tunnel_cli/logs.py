@@ -15,7 +15,7 @@ from typing import TextIO
 
 from .flags import FlagError
 
-__all__ = ["CONTEXT_FIELDS", "configure_logging"]
+__all__ = ["CONTEXT_FIELDS", "QUIET_LIBRARIES", "configure_logging"]
 
 #: Record attributes that identify what a line concerns.
 CONTEXT_FIELDS = ("cluster", "stream", "command", "user", "remote")
@@ -46,6 +46,10 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+#: Libraries whose debug output carries secrets: kept at info or above.
+QUIET_LIBRARIES = ("kubernetes_asyncio", "urllib3")
+
+
 def configure_logging(fmt: str = "text", level: str = "info", stream: TextIO | None = None) -> None:
     """Send every log line to ``stream`` (stderr) as text or JSON."""
     handler = logging.StreamHandler(stream or sys.stderr)
@@ -63,3 +67,7 @@ def configure_logging(fmt: str = "text", level: str = "info", stream: TextIO | N
     root.setLevel(number)
     # aiohttp's access log would print every proxied path; we audit instead.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # At debug, kubernetes_asyncio logs every answer's body: Secrets with
+    # their values, the agent's own key among them. Never below info.
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(max(number, logging.INFO))
