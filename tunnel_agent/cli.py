@@ -47,10 +47,6 @@ logger = logging.getLogger("tunnel_agent")
 _SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-#: The Secret the install manifest keeps the bootstrap token in (manifests/agent/base).
-BOOTSTRAP_SECRET = "tunnel-agent-bootstrap"  # noqa: S105 - a name, not a value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tunnel-agent", description="Reverse-tunnel agent: runs inside a private cluster."
@@ -254,14 +250,6 @@ def _positive_int(value: object, flag: str) -> int:
     return number
 
 
-def _own_secrets(settings: AgentSettings) -> frozenset[tuple[str, str]]:
-    """The agent's Secrets in its cluster: its credentials, and its bootstrap token beside them."""
-    if settings.credentials_secret is None:
-        return frozenset()  # outside a cluster: the credentials are in a directory
-    namespace, name = settings.credentials_secret
-    return frozenset({(namespace, name), (namespace, BOOTSTRAP_SECRET)})
-
-
 def _command_types(value: str) -> frozenset[str]:
     types = frozenset(name.strip() for name in value.split(",") if name.strip())
     unknown = sorted(types - ALL_COMMAND_TYPES)
@@ -300,7 +288,8 @@ async def run_agent(settings: AgentSettings) -> None:
         read_only=settings.proxy.read_only,
         command_types=settings.command_types,
         masked_values=(settings.bootstrap_token,) if settings.bootstrap_token else (),
-        own_secrets=_own_secrets(settings),
+        # In a cluster, the agent's namespace (its Secrets) is out of commands' reach.
+        own_namespace=None if settings.credentials_secret is None else namespace,
     )
     router = StreamRouter()
     router.add(kinds.STREAM_HTTP, proxy.handle)

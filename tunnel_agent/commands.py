@@ -69,7 +69,7 @@ def build_command_runner(
     read_only: bool = False,
     command_types: frozenset[str] = ALL_COMMAND_TYPES,
     masked_values: tuple[str, ...] = (),
-    own_secrets: frozenset[tuple[str, str]] = frozenset(),
+    own_namespace: str | None = None,
 ) -> CommandRunner:
     """A runner whose jobs run through the executors with the agent's API access.
 
@@ -77,8 +77,8 @@ def build_command_runner(
     the part of the agent's own that executors pass on); each run gets a home
     directory of its own in it. ``masked_values`` (the bootstrap token) and the
     agent's service-account token are masked in every run's log and result,
-    as the values a spec's ``secretRef`` reads are. ``own_secrets`` are the
-    agent's Secrets, ``(namespace, name)``, which no command reads or writes.
+    as the values a spec's ``secretRef`` reads are. ``own_namespace`` (in a
+    cluster) holds the agent's Secrets: no command reads or writes in it.
     """
 
     async def run(spec: dict[str, Any], job: JobContext) -> dict[str, Any]:
@@ -95,7 +95,7 @@ def build_command_runner(
             namespace=namespace,
             # Nothing one run leaves in its home (a .gitconfig) reaches the next.
             environment=base | {"HOME": str(home)},
-            own_secrets=own_secrets,
+            own_namespace=own_namespace,
         )
         for secret in (*masked_values, *_bearer(await kube.authorization())):
             context.masker.add(secret)

@@ -20,7 +20,7 @@ from .auth import authenticate, confirm, require_admin
 from .context import CONTEXT, ServerContext, utcnow
 from .errors import BadRequestError, NotFoundApiError
 from .httpjson import json_response, read_json, require_str, timestamp
-from .manifest import ManifestError, render_agent_manifest
+from .manifest import ManifestError, render_agent_manifest, unservable
 from .statedir import new_token
 from .store.base import Cluster, NotFoundError, hash_token
 
@@ -125,6 +125,9 @@ def _namespaces(value: Any, rbac: str) -> tuple[str, ...]:
     for item in names:
         if not _NAMESPACE.match(item):
             raise BadRequestError(f"{item[:64]!r} is not a valid namespace name")
+        reason = unservable(item)
+        if reason is not None:
+            raise BadRequestError(reason)
     if rbac == "namespaced" and not names:
         raise BadRequestError("a namespaced cluster needs its namespaces (--namespaces a,b)")
     if rbac != "namespaced" and names:

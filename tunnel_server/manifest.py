@@ -43,6 +43,7 @@ __all__ = [
     "RBAC_VARIANTS",
     "ManifestError",
     "render_agent_manifest",
+    "unservable",
 ]
 
 AGENT_NAMESPACE = "tunnel-agent"
@@ -66,6 +67,20 @@ _ORDER_LAST = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
 class ManifestError(ServerError):
     """The install manifest cannot be rendered: an argument or a packaged file is unusable."""
+
+
+def unservable(name: str, agent_namespace: str = AGENT_NAMESPACE) -> str | None:
+    """Why a namespaced agent may not serve namespace ``name``, if it may not.
+
+    Its own namespace holds its credentials and tokens; kube-system, the
+    cluster's own controllers and their tokens. Rights in either reach past
+    any list of namespaces.
+    """
+    if name == agent_namespace:
+        return f"namespace {name} is the agent's own: a namespaced agent may not serve it"
+    if name == "kube-system":
+        return "kube-system holds the cluster's controllers: a namespaced agent may not serve it"
+    return None
 
 
 def render_agent_manifest(
@@ -137,6 +152,9 @@ def _agent_values(
         raise ManifestError("namespaces must not repeat")
     for name in namespaces:
         _require_label(name, "namespaces")
+        reason = unservable(name, namespace)
+        if reason is not None:
+            raise ManifestError(reason)
     if "-----BEGIN CERTIFICATE-----" not in ca_pem:
         raise ManifestError("the CA bundle must hold PEM certificates")
     for what, text in (("bootstrap token", bootstrap_token), ("image", image)):

@@ -80,7 +80,7 @@ async def cluster(server: RunningServer, tmp_path: Path) -> AsyncIterator[Cluste
             kubeconfig=kubeconfig,
             environment=fake_environment(record),
             masked_values=(BOOTSTRAP_TOKEN,),
-            own_secrets=frozenset({("agents", "tunnel-agent-credentials")}),
+            own_namespace="agents",
         )
         router = StreamRouter()
         router.add(kinds.STREAM_COMMAND, runner.handle_offer)
@@ -276,10 +276,10 @@ async def test_each_run_has_a_home_of_its_own(cluster: Cluster, repository: Path
 
 
 OWN = {"namespace": "agents", "name": "tunnel-agent-credentials"}
-REFUSED = "secret agents/tunnel-agent-credentials is the agent's own"
+REFUSED = "namespace agents is the agent's own (its credentials, command journal and bootstrap"
 
 
-async def test_a_command_cannot_read_the_agents_own_secret(cluster: Cluster) -> None:
+async def test_a_command_cannot_read_the_agents_own_secrets(cluster: Cluster) -> None:
     # Its key would let whoever reads it connect as this cluster's agent.
     stolen = {"secretRef": {**OWN, "key": "tls.key"}}
     done = await cluster.run("manifests", "steal", {"objects": [configmap("k", key=stolen)]})
@@ -288,17 +288,30 @@ async def test_a_command_cannot_read_the_agents_own_secret(cluster: Cluster) -> 
     assert cluster.stub.get("v1", "ConfigMap", "k", "apps") is None
 
 
-async def test_a_command_cannot_write_the_agents_own_secret(cluster: Cluster) -> None:
+async def test_a_command_cannot_write_in_the_agents_own_namespace(cluster: Cluster) -> None:
     overwrite = {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": OWN["name"], "namespace": OWN["namespace"]},
         "stringData": {"tls.key": "garbage"},
     }
-    done = await cluster.run("manifests", "lock-out", {"objects": [overwrite]})
-    assert done["state"] == "failed"
-    assert REFUSED in done["error"]
+    # A token minted there for the agent's ServiceAccount could impersonate anyone.
+    minted = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/service-account-token",
+        "metadata": {
+            "name": "minted",
+            "namespace": OWN["namespace"],
+            "annotations": {"kubernetes.io/service-account.name": "tunnel-agent"},
+        },
+    }
+    for name, obj in (("lock-out", overwrite), ("mint", minted)):
+        done = await cluster.run("manifests", name, {"objects": [obj]})
+        assert done["state"] == "failed"
+        assert REFUSED in done["error"]
     assert cluster.stub.get("v1", "Secret", OWN["name"], OWN["namespace"]) is None
+    assert cluster.stub.get("v1", "Secret", "minted", OWN["namespace"]) is None
     # Nor as the Secret a command writes its outputs to.
     spec = {"git": {"url": "file:///nowhere", "ref": "main", "path": "infra"}}
     done = await cluster.run("tofu", "outputs", spec, outputsSecret=OWN)

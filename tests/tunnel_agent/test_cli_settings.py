@@ -372,8 +372,3 @@ def test_in_a_cluster_credentials_default_to_a_secret_in_the_pod_namespace(
     settings = agent_cli.settings_from_args(agent_args(without(AGENT_BASE, "--credentials-dir")))
     assert settings.credentials_secret == ("tunnel-agent", "tunnel-agent-credentials")
     assert settings.credentials_dir is None
-    # No command may read or write these (the credentials and the bootstrap token).
-    assert agent_cli._own_secrets(settings) == {
-        ("tunnel-agent", "tunnel-agent-credentials"),
-        ("tunnel-agent", "tunnel-agent-bootstrap"),
-    }

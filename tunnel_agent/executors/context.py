@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..kubeapi import KubeApi
-from .errors import own_secret_error
+from .errors import own_namespace_error
 from .masking import Masker
 
 __all__ = [
@@ -81,22 +81,24 @@ class ExecutionContext:
     namespace: str = "default"
     environment: dict[str, str] = field(default_factory=subprocess_environment)
     masker: Masker = field(default_factory=Masker)
-    #: The agent's own Secrets, ``(namespace, name)``: its credentials and its
-    #: bootstrap token. No command reads or writes them (:meth:`check_not_own`).
-    own_secrets: frozenset[tuple[str, str]] = frozenset()
+    #: The agent's own namespace in its cluster (None outside one): its
+    #: credentials, command journal and bootstrap token are there, and no
+    #: command reads or writes in it (:meth:`check_not_own`).
+    own_namespace: str | None = None
     #: Seconds between SIGTERM and SIGKILL when a process is stopped.
     kill_grace: float = 5.0
     #: Seconds between readiness checks while waiting for objects.
     poll_interval: float = 2.0
 
-    def check_not_own(self, namespace: str | None, name: str, path: str) -> None:
-        """Refuse, naming ``path``, a Secret that is the agent's own.
+    def check_not_own(self, namespace: str | None, path: str) -> None:
+        """Refuse, naming ``path``, what is in the agent's own namespace.
 
         With its key, a command could connect as this cluster's agent; with it
-        overwritten, the agent could not connect at all.
+        overwritten, the agent could not connect at all; with a token minted
+        there for its ServiceAccount, a command could impersonate anyone.
         """
-        if (namespace or "", name) in self.own_secrets:
-            raise own_secret_error(namespace, name, path)
+        if self.own_namespace is not None and namespace == self.own_namespace:
+            raise own_namespace_error(namespace, path)
 
     def emit(self, line: str) -> None:
         """Send one log line, secret values masked, at most :data:`MAX_LINE` characters."""

@@ -34,7 +34,7 @@ async def execute(command: Command, context: ExecutionContext) -> ExecutionResul
     Outputs produced before a failure or timeout are still written.
     """
     client = KubeClient(context.kube)
-    secrets = SecretResolver(context.kube, context.masker, context.own_secrets)
+    secrets = SecretResolver(context.kube, context.masker, context.own_namespace)
     step = Step(context, client, ValueResolver(secrets, context.masker), "spec", context.workdir)
     context.emit(f"{command.type} command {command.name}: attempt {context.attempt} started")
     report: StepReport | None = None
@@ -44,7 +44,7 @@ async def execute(command: Command, context: ExecutionContext) -> ExecutionResul
         async with timer:
             target = command.outputs_secret
             if target is not None:
-                context.check_not_own(target.namespace, target.name, "outputsSecret")
+                context.check_not_own(target.namespace, "outputsSecret")
             report = await run_spec(command.spec, step)
     except ExecutorError as exc:
         error = str(exc)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from tunnel_agent.errors import AgentError
 
-__all__ = ["ExecutorError", "KubeRequestError", "ProcessError", "own_secret_error"]
+__all__ = ["ExecutorError", "KubeRequestError", "ProcessError", "own_namespace_error"]
 
 
 class ExecutorError(AgentError):
@@ -47,9 +47,9 @@ class ProcessError(ExecutorError):
         self.returncode = returncode
 
 
-def own_secret_error(namespace: str | None, name: str, path: str) -> ExecutorError:
-    """The refusal, naming ``path``, of a Secret that is the agent's own."""
+def own_namespace_error(namespace: str, path: str) -> ExecutorError:
+    """The refusal, naming ``path``, of what is in the agent's own namespace."""
     return ExecutorError(
-        f"{path}: secret {namespace}/{name} is the agent's own (its credentials or "
-        "bootstrap token); commands may not read or write it"
+        f"{path}: namespace {namespace} is the agent's own (its credentials, command journal "
+        "and bootstrap token are there); commands may not read or write in it"
     )

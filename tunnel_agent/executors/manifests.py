@@ -218,8 +218,7 @@ async def _apply(step: Step, item: _Planned, spec: ManifestsSpec) -> None:
         metadata["namespace"] = item.namespace
     else:
         metadata.pop("namespace", None)
-    if item.api_version == "v1" and item.kind == "Secret":
-        step.context.check_not_own(item.namespace, str(metadata.get("name", "")), item.path)
+    step.context.check_not_own(item.namespace, item.path)
     try:
         await step.client.apply(item.resource, item.namespace, item.body)
     except KubeRequestError as exc:

@@ -21,7 +21,7 @@ from tunnel_commands import OutputRef, SecretRef, Value
 from tunnel_commands.errors import join_path
 
 from ..kubeapi import KubeApi
-from .errors import ExecutorError, own_secret_error
+from .errors import ExecutorError, own_namespace_error
 from .masking import Masker
 
 __all__ = ["OutputValue", "SecretResolver", "ValueResolver"]
@@ -42,18 +42,16 @@ class OutputValue:
 class SecretResolver:
     """Reads keys of Secrets through kubernetes_asyncio, caching each Secret for the run."""
 
-    def __init__(
-        self, kube: KubeApi, masker: Masker, own: frozenset[tuple[str, str]] = frozenset()
-    ) -> None:
+    def __init__(self, kube: KubeApi, masker: Masker, own_namespace: str | None = None) -> None:
         self._kube = kube
         self._masker = masker
-        self._own = own
+        self._own_namespace = own_namespace
         self._cache: dict[tuple[str, str], dict[str, str]] = {}
 
     async def get(self, ref: SecretRef, path: str) -> str:
         """The text of ``ref``'s key; ``path`` (the spec field) names it in errors."""
-        if (ref.namespace, ref.name) in self._own:
-            raise own_secret_error(ref.namespace, ref.name, path)
+        if ref.namespace == self._own_namespace:
+            raise own_namespace_error(ref.namespace, path)
         data = self._cache.get((ref.namespace, ref.name))
         if data is None:
             data = await self._read(ref, path)
