@@ -114,6 +114,7 @@ async def add_cluster(request: web.Request) -> web.Response:
     # Checked before storing: a refused request leaves no cluster behind.
     cluster = await context.store.add_cluster(name, utcnow(), rbac, namespaces)
     logger.info("cluster registered by %s", user.name, extra={"cluster": name})
+    await context.audit.admin_action(user.name, "cluster.add", name, cluster=name)
     install = await _issue_bootstrap(context, cluster)
     return json_response({"cluster": _cluster_view(context, cluster), **install}, status=201)
 
@@ -136,10 +137,14 @@ def _namespaces(value: Any, rbac: str) -> tuple[str, ...]:
 
 
 async def new_bootstrap_token(request: web.Request) -> web.Response:
-    await require_admin(request)
+    user = await require_admin(request)
     context = request.app[CONTEXT]
     cluster = await _cluster(request)
-    return json_response(await _issue_bootstrap(context, cluster), status=201)
+    install = await _issue_bootstrap(context, cluster)
+    # Enough to take over the cluster's agent: who asked for it is on record.
+    logger.info("bootstrap token issued to %s", user.name, extra={"cluster": cluster.name})
+    await context.audit.admin_action(user.name, "cluster.token", cluster.name, cluster.name)
+    return json_response(install, status=201)
 
 
 async def revoke_cluster(request: web.Request) -> web.Response:
@@ -151,6 +156,7 @@ async def revoke_cluster(request: web.Request) -> web.Response:
         cluster.name, "the cluster's certificates were revoked"
     )
     logger.warning("cluster revoked by %s", user.name, extra={"cluster": cluster.name})
+    await context.audit.admin_action(user.name, "cluster.revoke", cluster.name, cluster.name)
     return json_response({"revoked_certificates": revoked, "disconnected": disconnected})
 
 
@@ -164,6 +170,7 @@ async def delete_cluster(request: web.Request) -> web.Response:
     # Its grants went with it (its requests ended with its agent's session).
     await context.live.access_changed(cluster=cluster.name)
     logger.warning("cluster deleted by %s", user.name, extra={"cluster": cluster.name})
+    await context.audit.admin_action(user.name, "cluster.delete", cluster.name, cluster.name)
     return json_response({"deleted": cluster.name})
 
 

@@ -386,17 +386,7 @@ async def _access_changed(
 async def _audit(
     context: ServerContext, user: str, verb: str, target: str, cluster: str | None = None
 ) -> None:
-    await context.audit.record(
-        AuditEvent(
-            id=None,
-            time=utcnow(),
-            user=user,
-            cluster=cluster,
-            kind="admin",
-            verb=verb,
-            path=target,
-        )
-    )
+    await context.audit.admin_action(user, verb, target, cluster)
 
 
 def _groups(value: Any) -> tuple[str, ...]:

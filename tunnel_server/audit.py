@@ -101,6 +101,22 @@ class AuditWriter:
         if writer is not None and not writer.done():
             writer.set_result(None)
 
+    async def admin_action(
+        self, user: str, verb: str, target: str, cluster: str | None = None
+    ) -> None:
+        """Queue the event of an admin's change (kind ``admin``): who, what, on what."""
+        await self.record(
+            AuditEvent(
+                id=None,
+                time=datetime.now(UTC),
+                user=user,
+                cluster=cluster,
+                kind="admin",
+                verb=verb,
+                path=target,
+            )
+        )
+
     def flush(self) -> Coroutine[Any, Any, None]:
         """Wait until every event recorded before the call is written (or given up on).
 

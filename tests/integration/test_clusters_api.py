@@ -64,3 +64,27 @@ async def test_read_only_cluster_manifest_cannot_read_secrets(server: RunningSer
         if "secrets" in rule.get("resources", []) and {"get", "list"} & set(rule.get("verbs", []))
     ]
     assert secret_reads == []
+
+
+async def test_a_clusters_registration_tokens_revocation_and_deletion_are_audited(
+    server: RunningServer,
+) -> None:
+    # A bootstrap token is enough to take over the cluster's agent: who asked is on record.
+    await server.add_cluster("edge")
+    for method, path in (
+        ("POST", "/api/v1/clusters/edge/token"),
+        ("POST", "/api/v1/clusters/edge/revoke"),
+        ("DELETE", "/api/v1/clusters/edge"),
+    ):
+        status, answer = await server.api(method, path)
+        assert status in (200, 201), (path, answer)
+    await server.context.audit.flush()
+    status, events = await server.api("GET", "/api/v1/audit?kind=admin&cluster=edge")
+    assert status == 200
+    assert sorted(event["verb"] for event in events) == [
+        "cluster.add",
+        "cluster.delete",
+        "cluster.revoke",
+        "cluster.token",
+    ]
+    assert {event["user"] for event in events} == {"admin"}
