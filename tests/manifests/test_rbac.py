@@ -57,7 +57,7 @@ def test_every_variant_may_keep_its_credentials_and_journal(variant: str) -> Non
     granted = _agent(variant)
     assert allows(granted, "create", "secrets", namespace=AGENT_NS)
     for name in OWN_SECRETS:
-        for verb in ("get", "update", "patch"):
+        for verb in ("get", "update"):  # read, then replace (credentials.py)
             assert allows(granted, verb, "secrets", namespace=AGENT_NS, name=name), (verb, name)
 
 
@@ -75,7 +75,7 @@ def test_the_journal_secret_rbac_follows_the_credentials_secret_name() -> None:
             "apiGroups": [""],
             "resources": ["secrets"],
             "resourceNames": [name, f"{name}-commands"],
-            "verbs": ["get", "update", "patch"],
+            "verbs": ["get", "update"],
         }
     ]
 
@@ -117,7 +117,6 @@ def test_the_read_only_variant_cannot_run_anything_or_write() -> None:
     # Its own Secrets are the only thing it may change.
     assert writable == [
         ("create", ("secrets",), AGENT_NS),
-        ("patch", ("secrets",), AGENT_NS),
         ("update", ("secrets",), AGENT_NS),
     ]
 
