@@ -6,12 +6,16 @@ Layout (created on first start, mode 0700; keys and tokens 0600)::
     STATE_DIR/server.crt server.key   the serving certificate (unless --tls-cert)
     STATE_DIR/admin-token             the first admin's API token
     STATE_DIR/state.db                the SQLite store
+
+A file of those that others may read is made the owner's alone at start, with a
+warning: a volume mounted with an fsGroup is made group-readable by the kubelet.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import stat
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -47,6 +51,24 @@ class ServerIdentity:
     ca_bundle_pem: bytes
 
 
+#: The files of the state directory that hold secrets (keys, tokens, token hashes).
+PRIVATE_FILES = ("ca.key", "server.key", "admin-token", "state.db", "state.db-wal", "state.db-shm")
+
+
+def _keep_private(state: Path) -> None:
+    """Make each of :data:`PRIVATE_FILES` that others may read the owner's alone."""
+    for name in PRIVATE_FILES:
+        path = state / name
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            continue
+        if mode & 0o077:
+            private = mode & 0o700
+            path.chmod(private)
+            logger.warning("%s was open to others (mode %o); made %o", path, mode, private)
+
+
 def new_token(prefix: str) -> str:
     """A fresh high-entropy token such as ``tat_…`` (256 random bits)."""
     return f"{prefix}_{secrets.token_urlsafe(32)}"
@@ -57,6 +79,7 @@ def prepare_state_dir(settings: ServerSettings, now: datetime) -> ServerIdentity
     state = settings.state_dir
     try:
         state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _keep_private(state)
         ca = _load_or_create_ca(state, now)
         if settings.tls.cert_file is not None and settings.tls.key_file is not None:
             cert_pem = settings.tls.cert_file.read_bytes()
