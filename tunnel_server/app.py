@@ -39,7 +39,7 @@ from .live_requests import LiveRequests
 from .metrics import ServerMetrics
 from .proxyrequest import access_refusal
 from .registry import AgentRegistry
-from .statedir import ServerIdentity, ensure_admin, prepare_state_dir
+from .statedir import ServerIdentity, StateLock, ensure_admin, prepare_state_dir
 from .store.base import AlreadyExistsError, NotFoundError, QueueFullError, StoreError
 from .store.sqlite import SqliteStore
 
@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LISTENER: web.AppKey[BoundedTlsListener] = web.AppKey("listener", BoundedTlsListener)
 FRONT_DOORS: web.AppKey[FrontDoors] = web.AppKey("front_doors", FrontDoors)
+STATE_LOCK: web.AppKey[StateLock] = web.AppKey("state_lock", StateLock)
 
 
 def create_app(settings: ServerSettings, identity: ServerIdentity) -> web.Application:
@@ -187,6 +188,15 @@ def set_tls_read_buffer(size: int) -> bool:
 async def start_server(settings: ServerSettings) -> tuple[web.AppRunner, int]:
     """Start listening; return the runner and the bound port (for port 0)."""
     set_tls_read_buffer(settings.tunnel.tls_read_buffer)
+    lock = StateLock(settings.state_dir)
+    try:
+        return await _start_locked(settings, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+async def _start_locked(settings: ServerSettings, lock: StateLock) -> tuple[web.AppRunner, int]:
     identity = prepare_state_dir(settings, utcnow())
     ssl_context = server_context(identity.tls_cert_pem, identity.tls_key_pem, identity.ca.cert_pem)
     app = create_app(settings, identity)
@@ -226,6 +236,7 @@ async def start_server(settings: ServerSettings) -> tuple[web.AppRunner, int]:
     )
     app[LISTENER] = listener  # before setup: a started app's state is frozen
     app[FRONT_DOORS] = doors
+    app[STATE_LOCK] = lock
     await runner.setup()
     app[CONTEXT].metrics.watch_callers(doors.callers)  # made by the set-up
     try:
@@ -256,6 +267,7 @@ async def stop_server(runner: web.AppRunner) -> None:
     await context.registry.close(context.settings.tunnel.shutdown_grace)
     await runner.app[FRONT_DOORS].close()
     await runner.cleanup()
+    runner.app[STATE_LOCK].release()
 
 
 async def run_server(settings: ServerSettings) -> None:

@@ -13,7 +13,9 @@ warning: a volume mounted with an fsGroup is made group-readable by the kubelet.
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import secrets
 import stat
 from dataclasses import dataclass
@@ -31,7 +33,15 @@ from .config import ServerSettings
 from .errors import ConfigError
 from .store.base import AlreadyExistsError, Store, hash_token
 
-__all__ = ["ServerIdentity", "ensure_admin", "new_token", "prepare_state_dir"]
+__all__ = [
+    "LOCK_FILE",
+    "PRIVATE_FILES",
+    "ServerIdentity",
+    "StateLock",
+    "ensure_admin",
+    "new_token",
+    "prepare_state_dir",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +61,8 @@ class ServerIdentity:
     ca_bundle_pem: bytes
 
 
+#: The file whose lock says a server is using the directory (:class:`StateLock`).
+LOCK_FILE = "lock"
 #: The files of the state directory that hold secrets (keys, tokens, token hashes).
 PRIVATE_FILES = ("ca.key", "server.key", "admin-token", "state.db", "state.db-wal", "state.db-shm")
 
@@ -72,6 +84,37 @@ def _keep_private(state: Path) -> None:
 def new_token(prefix: str) -> str:
     """A fresh high-entropy token such as ``tat_…`` (256 random bits)."""
     return f"{prefix}_{secrets.token_urlsafe(32)}"
+
+
+class StateLock:
+    """This server's hold on its state directory: one server per directory.
+
+    A second server on the same directory would keep its own copy of what is
+    revoked and never see the first one's revocations. The lock is the
+    kernel's (``flock``), so it goes with the process however it ends.
+    """
+
+    def __init__(self, state: Path) -> None:
+        try:
+            state.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._fd: int | None = os.open(state / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise ConfigError(f"cannot use state directory {state}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            self.release()
+            raise ConfigError(
+                f"another tunnel-server is using the state directory {state}: "
+                "stop it first (two servers on one state would not see each other's "
+                "revocations)"
+            ) from exc
+
+    def release(self) -> None:
+        """Let another server have the directory (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def prepare_state_dir(settings: ServerSettings, now: datetime) -> ServerIdentity:

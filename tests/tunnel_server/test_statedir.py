@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from tunnel_server.app import start_server
 from tunnel_server.context import utcnow
+from tunnel_server.errors import ConfigError
 from tunnel_server.statedir import PRIVATE_FILES, prepare_state_dir
 
-from ..integration.harness import server_settings
+from ..integration.harness import running_server, server_settings
 
 
 def test_secrets_opened_to_the_group_are_made_private_again_at_start(
@@ -33,3 +35,14 @@ def test_secrets_opened_to_the_group_are_made_private_again_at_start(
     warned = [record.getMessage() for record in caplog.records]
     assert any("ca.key was open to others (mode 660); made 600" in text for text in warned)
     assert set(PRIVATE_FILES) >= {"ca.key", "server.key", "admin-token", "state.db"}
+
+
+async def test_one_server_at_a_time_uses_a_state_directory(tmp_path: Path) -> None:
+    settings = server_settings(tmp_path / "state")
+    async with running_server(settings):
+        # A second would keep its own list of what is revoked, blind to the first's.
+        with pytest.raises(ConfigError, match="another tunnel-server is using the state directory"):
+            await start_server(settings)
+    # Once the first has stopped, the directory is free again.
+    async with running_server(settings) as again:
+        assert again.port > 0
