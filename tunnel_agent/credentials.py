@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from tunnel_pki.certs import load_certificate
 from tunnel_pki.errors import PkiError
-from tunnel_pki.files import write_private_file
+from tunnel_pki.files import write_private_file, write_private_files
 
 from .errors import CredentialsError
 
@@ -28,6 +28,8 @@ __all__ = [
 
 _KEY, _CERT, _CA, _CLUSTER = "tls.key", "tls.crt", "ca.crt", "cluster"
 _JOURNAL = "commands.json"
+#: The order the files of a credentials directory replace their old ones.
+_ORDER = (_KEY, _CA, _CLUSTER, _CERT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +141,11 @@ class DirectoryCredentialStore:
     def _save(self, credentials: Credentials) -> None:
         try:
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            # The certificate last: a reader never finds a cert without its key.
-            for name in (_KEY, _CA, _CLUSTER, _CERT):
-                write_private_file(self.directory / name, credentials.as_files()[name])
+            # All written before any replaces its old one (a full disk leaves
+            # the old pair whole), the certificate last: a reader never finds
+            # a certificate without its key.
+            files = credentials.as_files()
+            write_private_files(self.directory, {name: files[name] for name in _ORDER})
         except OSError as exc:
             raise CredentialsError(f"cannot write {self.description}: {exc.strerror}") from exc
 

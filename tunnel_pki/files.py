@@ -13,7 +13,7 @@ import contextlib
 import os
 import secrets
 
-__all__ = ["PRIVATE_FILE_MODE", "create_private_file", "write_private_file"]
+__all__ = ["PRIVATE_FILE_MODE", "create_private_file", "write_private_file", "write_private_files"]
 
 PRIVATE_FILE_MODE = 0o600
 """Owner read and write, nobody else anything."""
@@ -74,6 +74,30 @@ def write_private_file(path: str | os.PathLike[str], data: bytes) -> None:
             os.unlink(temporary)
         raise
     _fsync_directory(directory)
+
+
+def write_private_files(directory: str | os.PathLike[str], files: dict[str, bytes]) -> None:
+    """Write each of ``files`` (name: data) into ``directory`` as :func:`write_private_file` does,
+    all or none: every file is written in full before any replaces its old one.
+
+    A full disk (the likely failure) therefore leaves the old files, all of
+    them, rather than a new key beside an old certificate. The files are
+    renamed in the order given.
+    """
+    folder = os.fspath(directory)
+    staged: list[tuple[str, str]] = []
+    try:
+        for name, data in files.items():
+            temporary = os.path.join(folder, f".{name}.{secrets.token_hex(8)}.tmp")
+            create_private_file(temporary, data, durable=True)
+            staged.append((temporary, os.path.join(folder, name)))
+        for temporary, target in staged:
+            os.replace(temporary, target)
+    finally:
+        for temporary, _ in staged:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+    _fsync_directory(folder)
 
 
 def _fsync_directory(directory: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnel_pki.files import create_private_file, write_private_file
+from tunnel_pki.files import create_private_file, write_private_file, write_private_files
 
 
 def _mode(path: Path) -> int:
@@ -109,6 +109,37 @@ def test_write_private_file_keeps_the_old_content_when_the_write_fails(
         write_private_file(path, b"new")
     assert path.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["agent.key"]
+
+
+def test_write_private_files_replaces_none_when_one_cannot_be_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "tls.key").write_bytes(b"old key")
+    (tmp_path / "tls.crt").write_bytes(b"old cert")
+    real_fsync = os.fsync
+    calls = 0
+
+    def full_at_the_second(fd: int) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the certificate's: the disk is full
+            raise OSError("simulated disk full")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_at_the_second)
+    with pytest.raises(OSError, match="disk full"):
+        write_private_files(tmp_path, {"tls.key": b"new key", "tls.crt": b"new cert"})
+    # Not a new key beside the old certificate: both old, and nothing else left.
+    assert (tmp_path / "tls.key").read_bytes() == b"old key"
+    assert (tmp_path / "tls.crt").read_bytes() == b"old cert"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tls.crt", "tls.key"]
+
+
+def test_write_private_files_writes_every_file_private(tmp_path: Path) -> None:
+    write_private_files(tmp_path, {"tls.key": b"key", "tls.crt": b"cert"})
+    assert (tmp_path / "tls.key").read_bytes() == b"key"
+    assert (tmp_path / "tls.crt").read_bytes() == b"cert"
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in tmp_path.iterdir())
 
 
 def test_write_private_file_replaces_a_symlink_instead_of_following_it(tmp_path: Path) -> None:
