@@ -16,7 +16,7 @@ from tunnel_mux import MuxStream, SessionError
 
 from .http1 import CallerRequest, parse_content_length
 from .proxyrefusal import ProxyRefusal, dropped_refusal
-from .proxyrequest import DROPPED_RESPONSE_HEADERS, ProxyExchange
+from .proxyrequest import ProxyExchange, answer_headers
 
 __all__ = ["AnswerFraming", "answer_framing", "read_response_head"]
 
@@ -34,9 +34,9 @@ class AnswerFraming:
         self.length = length
 
 
-def answer_framing(request: CallerRequest, response: ResponseHead) -> AnswerFraming:
+def answer_framing(request: CallerRequest, response: ResponseHead, cluster: str) -> AnswerFraming:
     """The caller's headers and body framing for the agent's answer, or 502."""
-    headers = [(n, v) for n, v in response.headers if n not in DROPPED_RESPONSE_HEADERS]
+    headers = answer_headers(response.headers, cluster)
     length: int | None = None
     for name, value in headers:
         if name == "content-length":

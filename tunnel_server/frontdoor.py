@@ -366,7 +366,7 @@ class FrontDoor(asyncio.Protocol):
             if body is not None:
                 relayed.uploader = self._loop.create_task(upload(body.read, stream, exchange))
             response, early = await read_response_head(stream, exchange)
-            framing = answer_framing(request, response)
+            framing = answer_framing(request, response, cluster)
             head_sent = True
             await self._relay_response(response, framing, early, stream, exchange)
         except ProxyRefusal as refusal:

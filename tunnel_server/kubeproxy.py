@@ -25,7 +25,7 @@ from tunnel_mux.upgraded import UpgradedReader
 
 from .context import CONTEXT
 from .proxyrefusal import ProxyRefusal, dropped_refusal, revoked_reason
-from .proxyrequest import DROPPED_RESPONSE_HEADERS, ProxyExchange, finish, open_relay, upload
+from .proxyrequest import ProxyExchange, answer_headers, finish, open_relay, upload
 from .wsframes import CLOSE_GOING_AWAY, CLOSE_POLICY, FrameBoundary, close_frame
 
 __all__ = ["PROXY_ROUTE", "kube_status", "setup_kube_proxy"]
@@ -114,9 +114,16 @@ async def _exchange(
         exchange.status = head.status
         if head.status == 101 and upgrade:
             return await _relay_upgraded(request, stream, head.headers, head.reason, body, exchange)
+        if head.status < 200:
+            # Relayed, an interim answer would be followed by the agent's bytes as they are.
+            raise ProxyRefusal(
+                502, "BadGateway", f"the agent answered {head.status}, which was not asked for"
+            )
         response = web.StreamResponse(status=head.status, reason=head.reason or None)
-        for name, value in head.headers:
-            if name not in DROPPED_RESPONSE_HEADERS:
+        for name, value in answer_headers(head.headers, exchange.cluster):
+            # aiohttp frames the body itself (chunked): a length the body does
+            # not keep cannot leave the caller's connection out of step.
+            if name != "content-length" or request.method == "HEAD":
                 response.headers.add(name, value)
         await response.prepare(request)
         try:

@@ -41,6 +41,7 @@ __all__ = [
     "CallerMemo",
     "ProxyExchange",
     "access_refusal",
+    "answer_headers",
     "cluster_of",
     "finish",
     "forwarded_headers",
@@ -65,6 +66,7 @@ _DROPPED = frozenset(
     {
         "authorization",
         "proxy-authorization",
+        "cookie",
         "connection",
         "keep-alive",
         "proxy-connection",
@@ -78,9 +80,18 @@ _DROPPED = frozenset(
         "x-forwarded-proto",
     }
 )
-#: Hop-by-hop headers of the agent's answer, never passed to the caller.
+#: Headers of the agent's answer never passed to the caller: hop-by-hop ones, and
+#: cookies (the API server sets none; an agent's would be this server's).
 DROPPED_RESPONSE_HEADERS = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding"}
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "set-cookie",
+    }
 )
 #: Why a HEAD request with a body is refused (an upgrade's: kubeproxy.py).
 HEAD_WITH_BODY = (
@@ -373,6 +384,30 @@ def upstream_path(raw_target: str, cluster: str) -> str:
     if not is_plain_path(path):
         raise ProxyRefusal(400, "BadRequest", UNPLAIN_PATH)
     return f"{path}?{query}" if query else path
+
+
+def answer_headers(headers: Iterable[tuple[str, str]], cluster: str) -> list[tuple[str, str]]:
+    """The agent's answer headers as the caller gets them.
+
+    :data:`DROPPED_RESPONSE_HEADERS` are dropped. A ``Location`` is the
+    cluster's own: a plain path on the API server is put under
+    ``/k8s/clusters/<cluster>``, where the caller reached it, and any other
+    (another host, ``//host``, an encoded or dotted path) is dropped. A client
+    follows a redirect with its token to the same host, so an agent's
+    ``Location`` could otherwise send it to another cluster, or to this
+    server's own API.
+    """
+    kept = []
+    for name, value in headers:
+        if name in DROPPED_RESPONSE_HEADERS:
+            continue
+        if name == "location":
+            path = value.split("?", 1)[0]
+            if path.startswith("/") and not path.startswith("//") and is_plain_path(path):
+                kept.append((name, f"/k8s/clusters/{cluster}{value}"))
+            continue
+        kept.append((name, value))
+    return kept
 
 
 def forwarded_headers(
