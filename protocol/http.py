@@ -81,7 +81,7 @@ class RequestHead:
     def from_open_headers(cls, value: dict[str, Any]) -> RequestHead:
         """Validate the OPEN header map of an ``http`` stream."""
         method = value.get("method")
-        if method not in METHODS:
+        if not isinstance(method, str) or method not in METHODS:
             raise MalformedFrameError(f"unsupported HTTP method {str(method)[:16]!r}")
         path = value.get("path")
         if (

@@ -27,6 +27,9 @@ def is_plain_path(path: str) -> bool:
         or "%2e" in lowered
         or "\\" in path
         or "//" in path
+        # A fragment is the client's own; sent on, the policy and the API
+        # server would each read the path differently.
+        or "#" in path
         # A "." or ".." segment (the path starts with "/", and "//" is refused above).
         or "/./" in path
         or "/../" in path

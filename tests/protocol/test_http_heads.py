@@ -92,6 +92,12 @@ def test_every_token_character_is_accepted_in_a_header_name() -> None:
     assert parser.head == ResponseHead(204, "", ((name.lower(), "ok"),))
 
 
+@pytest.mark.parametrize("method", [["GET"], {"GET": 1}, 7, None])
+def test_a_request_head_whose_method_is_not_a_string_is_refused(method: object) -> None:
+    with pytest.raises(MalformedFrameError, match="unsupported HTTP method"):
+        RequestHead.from_open_headers({"method": method, "path": "/api", "headers": []})
+
+
 def test_a_request_head_with_an_unsafe_header_is_refused() -> None:
     with pytest.raises(MalformedFrameError, match="safe strings"):
         RequestHead.from_open_headers(

@@ -245,6 +245,8 @@ def test_requests_without_a_tunnel_identity_are_refused(
         "/api/v1/namespaces/default//secrets",
         "/api/v1/namespaces/default/secrets%2e",
         "/api/v1/namespaces\\default",
+        # The policy would read up to the "#", the API server the whole path.
+        "/api/v1/namespaces/ok/pods/#/exec",
     ],
 )
 def test_a_path_the_api_server_could_read_otherwise_is_refused_whatever_the_server_allowed(
