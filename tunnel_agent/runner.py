@@ -18,14 +18,14 @@ import logging
 import shutil
 import tempfile
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from protocol import kinds
 from protocol.errors import ErrorCode, LocalProtocolError, MalformedFrameError
-from protocol.records import RecordReader, encode_record
+from protocol.records import MAX_RECORD, RecordReader, encode_record
 from tunnel_mux import MuxStream, Session, SessionError
 
 from .journal import Journal
@@ -85,6 +85,31 @@ class Job:
     def key(self) -> tuple[str, int]:
         return (self.id, self.attempt)
 
+
+
+#: The most a log record's lines may take, counted as JSON may write them at
+#: worst (six characters for a control character): well within MAX_RECORD.
+LOG_BATCH_BUDGET = MAX_RECORD // 2
+
+
+def log_batches(lines: list[str]) -> Iterator[list[str]]:
+    """``lines`` in batches that each fit one record, in order.
+
+    One record of them all could exceed MAX_RECORD (many lines gathered while
+    disconnected): it failed to encode, the report stopped, the command's
+    lease lapsed, and the server offered it again, to run a second time.
+    """
+    batch: list[str] = []
+    size = 0
+    for line in lines:
+        cost = 6 * len(line) + 8
+        if batch and size + cost > LOG_BATCH_BUDGET:
+            yield batch
+            batch, size = [], 0
+        batch.append(line)
+        size += cost
+    if batch:
+        yield batch
 
 class CommandRunner:
     """Accepts, runs and reports commands; lives as long as the agent."""
@@ -335,7 +360,8 @@ class CommandRunner:
                     lines.insert(0, f"[{job.dropped_lines} log lines dropped while disconnected]")
                 job.logs.clear()
                 job.dropped_lines = 0
-                await stream.write(encode_record({"event": "log", "lines": lines}))
+                for batch in log_batches(lines):
+                    await stream.write(encode_record({"event": "log", "lines": batch}))
             if job.state == "finished":
                 assert job.result is not None
                 await stream.write(encode_record({"event": "result", **job.result}))

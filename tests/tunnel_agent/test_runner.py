@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from protocol.records import MAX_RECORD, encode_record
 from tunnel_agent.credentials import DirectoryCredentialStore
 from tunnel_agent.journal import Journal
-from tunnel_agent.runner import CommandRunner, Job, JobContext
+from tunnel_agent.runner import CommandRunner, Job, JobContext, log_batches
 from tunnel_mux import SessionClosedError
 
 from ..support import until
@@ -44,3 +45,14 @@ async def test_a_report_winding_down_on_the_old_session_resumes_on_the_new_one(
     assert new.asked[0] == {"id": "c1", "attempt": 1}
     runner.disconnected()
     await until(lambda: not job.reporting)
+
+
+def test_log_lines_gathered_past_a_records_size_go_in_several_records() -> None:
+    # 3 MiB of lines (as gathered while disconnected), some all control characters,
+    # which JSON writes six times as long: one record of them could not be sent.
+    lines = [f"line {n} " + "x" * 4000 for n in range(600)] + ["\x01" * 4000] * 200
+    batches = list(log_batches(lines))
+    assert len(batches) > 1
+    assert [line for batch in batches for line in batch] == lines  # all, in order
+    for batch in batches:
+        assert len(encode_record({"event": "log", "lines": batch})) <= MAX_RECORD
