@@ -4,7 +4,8 @@ A caller's connection costs the server a file descriptor and memory (its TLS
 buffers, its parser) before the caller has shown any credential: so their
 number is bounded (``--max-caller-connections``). Agents, which present a
 client certificate this server issued and has not revoked, are not callers
-and are not counted: no number of callers can keep a bootstrapped agent out.
+and are not counted: no number of callers can keep a bootstrapped agent out. Each agent certificate
+holds at most a few connections uncounted (:class:`AgentConnections`).
 
 Past the bound, the caller connection idle the longest (between two requests,
 or before its first) is closed to make room, as the idle timeout would have
@@ -24,16 +25,21 @@ closes, but is never closed from here: it serves one request and closes
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 from cryptography import x509
 
 __all__ = [
     "DEFAULT_MAX_CALLER_CONNECTIONS",
+    "MAX_CONNECTIONS_PER_AGENT",
+    "AgentConnections",
     "CallerConnections",
     "CountedProtocol",
+    "Door",
     "Evictable",
+    "FrontDoors",
     "peer_certificate_serial",
 ]
 
@@ -41,6 +47,8 @@ __all__ = [
 #: tools hold (kubectl holds one or a few, and one per watch, log stream,
 #: exec and port-forward), and with 64 KiB of TLS buffer each, 256 MiB at most.
 DEFAULT_MAX_CALLER_CONNECTIONS = 4096
+#: Connections one agent certificate holds without being counted as a caller's.
+MAX_CONNECTIONS_PER_AGENT = 4
 
 
 class Evictable(Protocol):
@@ -103,19 +111,50 @@ class CallerConnections:
         return len(self._idle)
 
 
-class CountedProtocol(asyncio.Protocol):
-    """Wraps the protocol a caller's connection was handed to, to release its count."""
+class AgentConnections:
+    """Counts the connections each agent certificate holds, to bound them.
 
-    def __init__(self, inner: asyncio.Protocol, callers: CallerConnections) -> None:
+    An agent holds one (its session), and for a moment two while a reconnect
+    overlaps the end of the old one. Past :data:`MAX_CONNECTIONS_PER_AGENT`,
+    a connection with that certificate is counted as a caller's: otherwise one
+    agent, or a thief with its key, could open connections without bound and
+    use up the server's file descriptors.
+    """
+
+    def __init__(self, per_agent: int = MAX_CONNECTIONS_PER_AGENT) -> None:
+        self.per_agent = per_agent
+        self._open: Counter[int] = Counter()
+
+    def admit(self, serial: int) -> bool:
+        """Count a connection of the agent with this serial; False past its bound."""
+        if self._open[serial] >= self.per_agent:
+            return False
+        self._open[serial] += 1
+        return True
+
+    def release(self, serial: int) -> None:
+        self._open[serial] -= 1
+        if self._open[serial] <= 0:
+            del self._open[serial]
+
+    def held(self, serial: int) -> int:
+        """The connections the agent with this serial holds now."""
+        return self._open[serial]
+
+
+class CountedProtocol(asyncio.Protocol):
+    """Wraps the protocol a counted connection was handed to, to release its count."""
+
+    def __init__(self, inner: asyncio.Protocol, release: Callable[[], None]) -> None:
         #: The protocol the connection was handed to.
         self.inner = inner
-        self._callers = callers
+        self._release = release
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.inner.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._callers.release()
+        self._release()
         self.inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -129,6 +168,38 @@ class CountedProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.inner.resume_writing()
+
+
+class Door(Protocol):
+    """A front-door connection, as the server's shutdown sees it."""
+
+    @property
+    def busy(self) -> bool: ...
+
+    def close(self) -> asyncio.Task[None] | None: ...
+
+    def abort(self) -> asyncio.Task[None] | None: ...
+
+
+class FrontDoors:
+    """The open front-door connections, closed together at shutdown, and the
+    count of callers' connections, bounded by ``max_callers``."""
+
+    def __init__(self, max_callers: int = DEFAULT_MAX_CALLER_CONNECTIONS) -> None:
+        self.open: set[Door] = set()
+        self.callers = CallerConnections(max_callers)
+        self.agents = AgentConnections()
+
+    async def close(self) -> None:
+        """Close every connection and wait for their requests to end.
+
+        Called after the agents' sessions were drained: a request still running
+        waits on a caller that does not read, so its connection is aborted; an
+        idle one is closed, its last answer still sent.
+        """
+        tasks = [door.abort() if door.busy else door.close() for door in list(self.open)]
+        pending = [task for task in tasks if task is not None]
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 def peer_certificate_serial(transport: asyncio.BaseTransport) -> int | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,12 +32,7 @@ from tunnel_kube.tcp_keepalive import enable_tcp_keepalive
 from tunnel_mux import MuxStream, SessionError
 
 from .agentanswer import AnswerFraming, answer_framing, read_response_head
-from .callerlimit import (
-    DEFAULT_MAX_CALLER_CONNECTIONS,
-    CallerConnections,
-    CountedProtocol,
-    peer_certificate_serial,
-)
+from .callerlimit import CountedProtocol, FrontDoors, peer_certificate_serial
 from .context import CONTEXT, ServerContext
 from .frontdoor_buffers import AnswerOutput, RequestBody
 from .http1 import (
@@ -76,26 +72,6 @@ OUTPUT_FLUSH = 64 * 1024
 #: timers keep whole milliseconds, so a timer may fire up to 1 ms before its
 #: deadline, and setting it again for the same deadline would fire it again at once.
 TIMER_SLACK = 0.002
-
-
-class FrontDoors:
-    """The open front-door connections, closed together at shutdown, and the
-    count of callers' connections, bounded by ``max_callers``."""
-
-    def __init__(self, max_callers: int = DEFAULT_MAX_CALLER_CONNECTIONS) -> None:
-        self.open: set[FrontDoor] = set()
-        self.callers = CallerConnections(max_callers)
-
-    async def close(self) -> None:
-        """Close every connection and wait for their requests to end.
-
-        Called after the agents' sessions were drained: a request still running
-        waits on a caller that does not read, so its connection is aborted; an
-        idle one is closed, its last answer still sent.
-        """
-        tasks = [door.abort() if door.busy else door.close() for door in list(self.open)]
-        pending = [task for task in tasks if task is not None]
-        await asyncio.gather(*pending, return_exceptions=True)
 
 
 class FrontDoor(asyncio.Protocol):
@@ -151,8 +127,12 @@ class FrontDoor(asyncio.Protocol):
         enable_tcp_keepalive(transport)
         self._doors.open.add(self)
         serial = peer_certificate_serial(transport)
-        if serial is not None and serial not in self._app[CONTEXT].revoked:
-            self._agent_serial = serial  # an agent's: not counted
+        if (
+            serial is not None
+            and serial not in self._app[CONTEXT].revoked
+            and self._doors.agents.admit(serial)
+        ):
+            self._agent_serial = serial  # an agent's: not counted as a caller's
         else:
             self._count()
         self._arm_idle_timer()
@@ -164,6 +144,7 @@ class FrontDoor(asyncio.Protocol):
         if self._counted:
             self._counted = False
             self._callers.release()
+        self._release_agent()
         if self._body is not None:
             self._body.fail()
         if self._drain_waiter is not None and not self._drain_waiter.done():
@@ -251,7 +232,7 @@ class FrontDoor(asyncio.Protocol):
             return
         serial = self._agent_serial
         if serial is not None and serial in self._app[CONTEXT].revoked:
-            self._agent_serial = None  # revoked since it came: a caller's from now on
+            self._release_agent()  # revoked since it came: a caller's from now on
             self._count()
         if self._refused:
             callers = self._callers
@@ -533,7 +514,14 @@ class FrontDoor(asyncio.Protocol):
         if self._counted:
             # Still a caller's connection: counted until it closes.
             self._counted = False
-            protocol = CountedProtocol(protocol, self._callers)
+            protocol = CountedProtocol(protocol, self._callers.release)
+        serial = self._agent_serial
+        if serial is not None:
+            # An agent's (its WebSocket): counted for its certificate until it closes.
+            self._agent_serial = None
+            protocol = CountedProtocol(
+                protocol, functools.partial(self._doors.agents.release, serial)
+            )
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
         if self._writing_paused:
@@ -544,6 +532,11 @@ class FrontDoor(asyncio.Protocol):
             transport.resume_reading()
         data, self._buffer = bytes(self._buffer), bytearray()
         protocol.data_received(data)
+
+    def _release_agent(self) -> None:
+        serial, self._agent_serial = self._agent_serial, None
+        if serial is not None:
+            self._doors.agents.release(serial)
 
     def _pause_reading(self) -> None:
         if not self._reading_paused and self._transport is not None:

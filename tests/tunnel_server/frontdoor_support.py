@@ -8,7 +8,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -142,6 +142,11 @@ def get(tunnel: Tunnel, target: str, *headers: str) -> bytes:
 
 def doors(server: RunningServer) -> FrontDoors:
     return server.runner.app[FRONT_DOORS]
+
+
+def open_doors(server: RunningServer) -> list[FrontDoor]:
+    """The server's open front-door connections, for tests that look inside them."""
+    return [cast(FrontDoor, door) for door in doors(server).open]
 
 
 def assert_status_object(reply: Reply, code: int, reason: str) -> None:

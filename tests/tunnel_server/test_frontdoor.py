@@ -34,6 +34,7 @@ from .frontdoor_support import (
     doors,
     get,
     grant_alice,
+    open_doors,
     request,
 )
 
@@ -57,7 +58,7 @@ async def test_a_callers_connection_has_tcp_keepalive_so_a_vanished_caller_is_no
         ours = connection.writer.get_extra_info("sockname")
         [transport] = [
             door._transport
-            for door in doors(tunnel.server).open
+            for door in open_doors(tunnel.server)
             if door._transport is not None and door._transport.get_extra_info("peername") == ours
         ]
         sock = transport.get_extra_info("socket")
@@ -140,7 +141,7 @@ def holds(server: RunningServer, count: int) -> Callable[[], bool]:
 
     def condition() -> bool:
         # The server may not have finished its TLS handshake when the first byte goes.
-        return [len(door._buffer) for door in doors(server).open] == [count]
+        return [len(door._buffer) for door in open_doors(server)] == [count]
 
     return condition
 

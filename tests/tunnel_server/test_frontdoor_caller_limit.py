@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 from cryptography import x509
@@ -19,6 +19,7 @@ from tests.e2e import test_kubectl_tunnel as kubectl_e2e
 from tests.e2e.test_kubectl_tunnel import Tunnel
 from tunnel_agent.credentials import DirectoryCredentialStore
 from tunnel_pki.tls import client_context
+from tunnel_server.callerlimit import MAX_CONNECTIONS_PER_AGENT
 from tunnel_server.frontdoor import KEEPALIVE_TIMEOUT
 
 from ..integration.harness import running_server, server_settings
@@ -170,6 +171,29 @@ async def test_an_agents_connection_is_not_counted_so_callers_cannot_keep_agents
         agent.send(HEALTHZ)
         assert (await agent.reply()).status == 200
         assert (doors.callers.open, doors.callers.refused) == (1, 0)
+
+
+async def test_past_a_few_connections_an_agent_certificate_counts_as_a_caller(
+    tunnel: Tunnel,
+) -> None:
+    """Else one agent, or a thief with its key, could use up the server's file descriptors."""
+    serial = await agent_serial(tunnel)
+    async with lean_server(tunnel.server, max_callers=2) as (port, doors), AsyncExitStack() as held:
+        connections = [
+            await held.enter_async_context(as_the_agent(tunnel, port))
+            for _ in range(MAX_CONNECTIONS_PER_AGENT + 2)
+        ]
+        for connection in connections:
+            # Served by the front door, which keeps the connection (aiohttp would close it).
+            connection.send(get(tunnel, f"{PODS}/demo"))
+            assert (await connection.reply()).status == 200
+        assert doors.agents.held(serial) == MAX_CONNECTIONS_PER_AGENT
+        assert doors.callers.open == 2  # the two past the bound, as callers
+        async with as_the_agent(tunnel, port) as one_more:
+            one_more.send(get(tunnel, f"{PODS}/demo"))  # the idle longest makes room
+            assert (await one_more.reply()).status == 200
+        assert doors.callers.evicted == 1
+    await until(lambda: doors.agents.held(serial) == 0)  # each released as it closed
 
 
 async def test_a_revoked_agent_certificate_counts_as_a_caller(tunnel: Tunnel) -> None:

@@ -41,6 +41,7 @@ from .frontdoor_support import (
     get,
     grant_alice,
     lean_server,
+    open_doors,
     request,
     watching,
 )
@@ -164,7 +165,7 @@ async def test_an_early_answer_says_close_and_the_connection_closes_after_the_bo
         refused = await connection.reply()
         assert_refused_as_read_only(refused)
         assert refused.header("connection") == "close"
-        (door,) = doors(tunnel.server).open
+        (door,) = open_doors(tunnel.server)
         # The caller goes on with its body, as a client that writes before it reads.
         piece = 256 * 1024
         for offset in range(0, len(rest) - 1, piece):
@@ -312,7 +313,7 @@ async def test_stop_server_aborts_a_connection_whose_caller_does_not_read(
         connection.send(get(tunnel, f"{PODS}/demo/log"))
         head = await asyncio.wait_for(connection.reader.readuntil(b"\r\n\r\n"), ANSWER_TIMEOUT)
         assert head.startswith(b"HTTP/1.1 200 ")
-        (door,) = doors(tunnel.server).open
+        (door,) = open_doors(tunnel.server)
         # White box: the caller's socket is full; the response waits on it.
         await until(lambda: door._writing_paused, max_turns=10**7)
         stopping = asyncio.create_task(tunnel.server.stop())
