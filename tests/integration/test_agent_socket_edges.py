@@ -9,6 +9,7 @@ announced went to the server's log with its line breaks.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ import aiohttp
 import pytest
 
 from protocol import Connection, Limits, Side, kinds
+from protocol.records import RecordReader, encode_record
 from tunnel_mux import Session, SessionHandlers, WebSocketTransport
 from tunnel_pki.certs import load_certificate
 from tunnel_pki.csr import make_csr
@@ -27,6 +29,7 @@ from tunnel_server.agentsocket import REVOKED_SESSION
 from tunnel_server.context import utcnow
 
 from ..support import until
+from .commands_support import command
 from .harness import RunningServer
 
 #: Bound on waiting for what should happen at once (a hang fails by name).
@@ -184,3 +187,26 @@ async def test_a_cluster_renews_at_most_once_in_a_tenth_of_a_lifetime(
     assert (first, second) == (kinds.MESSAGE_CERT_ISSUED, kinds.MESSAGE_CERT_REFUSED)
     # The default lifetime is 30 days: a tenth is three.
     assert "renewed less than 259200s ago (a tenth of its lifetime)" in body["message"]
+
+
+async def test_a_log_for_an_attempt_that_is_not_current_is_not_stored(
+    server: RunningServer,
+) -> None:
+    async with attached(server, "prod") as (session, _):
+        status, created = await server.api(
+            "POST", "/api/v1/clusters/prod/commands", {"spec": command("build")}
+        )
+        assert status == 201
+        # No attempt 7 was ever offered: an agent's forged report of it.
+        stream = session.open_stream(
+            kinds.STREAM_COMMAND_REPORT, {"id": created["id"], "attempt": 7}
+        )
+        await stream.write(encode_record({"event": "log", "lines": ["a forged line"]}))
+        reader = RecordReader()
+        replies: list[dict[str, Any]] = []
+        while not replies and (chunk := await asyncio.wait_for(stream.read(), PROMPTLY)):
+            replies = reader.feed(chunk)
+    assert replies == [{"stale": "this attempt is no longer current"}]
+    status, logs = await server.api("GET", f"/api/v1/commands/{created['id']}/logs")
+    assert status == 200
+    assert "a forged line" not in json.dumps(logs)

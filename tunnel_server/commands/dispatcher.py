@@ -293,11 +293,15 @@ class CommandDispatcher:
                 await _reply(stream, {"stale": "this attempt is no longer current"})
                 return False
         elif kind == "log":
+            # Only the current attempt of a command still running may add to
+            # its log (the lease says which): not a forged or finished one.
+            if not await self.store.extend_lease(record.id, attempt, lease):
+                await _reply(stream, {"stale": "this attempt is no longer current"})
+                return False
             lines = [str(line)[:_MAX_LINE] for line in event.get("lines", [])][:_MAX_LOG_LINES]
             await self.store.append_command_log(
                 record.id, attempt, lines, now, self.settings.log_cap
             )
-            await self.store.extend_lease(record.id, attempt, lease)
             self._changed(record.id)
         elif kind == "result":
             return await self._finish(record, attempt, event, stream)
