@@ -33,14 +33,20 @@ class RecordReader:
     def __init__(self, limit: int = MAX_RECORD) -> None:
         self._buffer = bytearray()
         self._limit = limit
+        #: How much of the buffer is known to hold no newline.
+        self._scanned = 0
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         self._buffer += data
         records = []
-        while (end := self._buffer.find(b"\n")) >= 0:
+        # Only what came since the last look is searched: a record sent a byte
+        # at a time must not be scanned from its start each time.
+        while (end := self._buffer.find(b"\n", self._scanned)) >= 0:
             line = bytes(self._buffer[:end])
             del self._buffer[: end + 1]
+            self._scanned = 0
             records.append(self._decode(line))
+        self._scanned = len(self._buffer)
         if len(self._buffer) > self._limit:
             raise MalformedFrameError(f"a record is longer than {self._limit} bytes")
         return records
