@@ -29,6 +29,7 @@ import msgpack
 from .errors import MalformedFrameError
 
 __all__ = [
+    "HOP_BY_HOP",
     "MAX_HEADERS",
     "MAX_PATH_LENGTH",
     "MAX_RESPONSE_HEAD",
@@ -39,6 +40,19 @@ __all__ = [
     "ResponseHeadParser",
     "encode_response_head",
 ]
+
+#: Headers of one connection, never relayed to the next (RFC 9110, 7.6.1).
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 
 #: Bounds of a relayed request or response head.
 MAX_PATH_LENGTH = 8 * 1024

@@ -24,7 +24,7 @@ from collections import Counter
 import aiohttp
 
 from protocol.errors import ErrorCode, MalformedFrameError
-from protocol.http import Headers, RequestHead, encode_response_head
+from protocol.http import HOP_BY_HOP, Headers, RequestHead, encode_response_head
 from protocol.kinds import HTTP_ACCESS_REVOKED
 from tunnel_kube import error_answer
 from tunnel_mux import MuxStream, SessionError, StreamResetError
@@ -46,23 +46,14 @@ logger = logging.getLogger(__name__)
 
 # Headers the agent never passes to the API server: hop-by-hop ones, and
 # credentials (it sends its own).
-_DROPPED_REQUEST = frozenset(
-    {
-        "authorization",
-        "proxy-authorization",
-        "cookie",
-        "host",
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        # The server already answered the caller's Expect; the body streams as it comes.
-        "expect",
-    }
-)
+_DROPPED_REQUEST = HOP_BY_HOP | {
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "host",
+    # The server already answered the caller's Expect; the body streams as it comes.
+    "expect",
+}
 
 
 @functools.lru_cache(maxsize=64)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from protocol import kinds
 from protocol.errors import HeaderTooLargeError, LocalProtocolError
-from protocol.http import RequestHead
+from protocol.http import HOP_BY_HOP, RequestHead
 from tunnel_cli import printable
 from tunnel_kube import UNPLAIN_PATH, is_plain_path, parse_api_request
 from tunnel_mux import MuxStream, SessionClosedError, SessionError
@@ -62,37 +62,18 @@ MAX_ENDED_CHARS = 512
 IDENTITY_PREFIX = "tunnel:"
 
 # Never forwarded: hop-by-hop headers, and the caller's own credentials.
-_DROPPED = frozenset(
-    {
-        "authorization",
-        "proxy-authorization",
-        "cookie",
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "x-forwarded-for",
-        "x-forwarded-host",
-        "x-forwarded-proto",
-    }
-)
+_DROPPED = HOP_BY_HOP | {
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "host",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+}
 #: Headers of the agent's answer never passed to the caller: hop-by-hop ones, and
 #: cookies (the API server sets none; an agent's would be this server's).
-DROPPED_RESPONSE_HEADERS = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "set-cookie",
-    }
-)
+DROPPED_RESPONSE_HEADERS = (HOP_BY_HOP - {"upgrade"}) | {"set-cookie"}
 #: Why a HEAD request with a body is refused (an upgrade's: kubeproxy.py).
 HEAD_WITH_BODY = (
     "a HEAD request cannot carry a body: send it without Content-Length or Transfer-Encoding"
