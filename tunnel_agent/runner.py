@@ -86,7 +86,6 @@ class Job:
         return (self.id, self.attempt)
 
 
-
 #: The most a log record's lines may take, counted as JSON may write them at
 #: worst (six characters for a control character): well within MAX_RECORD.
 LOG_BATCH_BUDGET = MAX_RECORD // 2
@@ -110,6 +109,7 @@ def log_batches(lines: list[str]) -> Iterator[list[str]]:
         size += cost
     if batch:
         yield batch
+
 
 class CommandRunner:
     """Accepts, runs and reports commands; lives as long as the agent."""
