@@ -52,6 +52,11 @@ class RecordReader:
         return records
 
     @property
+    def buffered(self) -> int:
+        """Bytes of an unfinished record held, waiting for its end."""
+        return len(self._buffer)
+
+    @property
     def pending(self) -> bool:
         """Bytes of an unfinished record are waiting."""
         return bool(self._buffer)

@@ -26,6 +26,7 @@ from tunnel_pki.csr import make_csr
 from tunnel_pki.keys import generate_private_key, private_key_to_pem
 from tunnel_pki.tls import client_context
 from tunnel_server.agentsocket import REVOKED_SESSION
+from tunnel_server.commands import dispatcher as dispatcher_module
 from tunnel_server.context import utcnow
 
 from ..support import until
@@ -210,3 +211,31 @@ async def test_a_log_for_an_attempt_that_is_not_current_is_not_stored(
     status, logs = await server.api("GET", f"/api/v1/commands/{created['id']}/logs")
     assert status == 200
     assert "a forged line" not in json.dumps(logs)
+
+
+async def test_unfinished_report_records_of_a_cluster_are_held_within_a_bound(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Else one agent's 2,048 streams, each with most of a 2 MiB record, held 4 GiB.
+    monkeypatch.setattr(dispatcher_module, "MAX_REPORT_BUFFER", 64 * 1024)
+    dispatcher = server.context.commands
+    async with attached(server, "prod") as (session, _):
+        status, created = await server.api(
+            "POST", "/api/v1/clusters/prod/commands", {"spec": command("build")}
+        )
+        assert status == 201
+        streams = []
+        for _ in range(4):  # 20 KiB each of a record that never ends
+            stream = session.open_stream(
+                kinds.STREAM_COMMAND_REPORT, {"id": created["id"], "attempt": 1}
+            )
+            await stream.write(b'{"event": "log", "lines": ["' + b"x" * 20 * 1024)
+            streams.append(stream)
+        # The fourth would take the cluster past the bound: it is reset.
+        await until(lambda: streams[3].error is not None, max_turns=10**6)
+        assert "reports hold too many unfinished records" in str(streams[3].error)
+        assert all(stream.error is None for stream in streams[:3])
+        assert dispatcher.report_buffered["prod"] == 3 * (20 * 1024 + 28)
+        for stream in streams[:3]:
+            stream.reset()
+        await until(lambda: "prod" not in dispatcher.report_buffered, max_turns=10**6)

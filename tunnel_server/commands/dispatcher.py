@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -40,6 +41,10 @@ logger = logging.getLogger(__name__)
 _OUTCOMES = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
 _MAX_LOG_LINES = 1000
 _MAX_LINE = 16 * 1024
+#: Bytes of unfinished report records one cluster's agent may have the server
+#: hold, all its report streams together (a record alone may be up to
+#: MAX_RECORD; the bytes are read, and so acknowledged, as they come).
+MAX_REPORT_BUFFER = 16 * 1024 * 1024
 #: Offers a dispatch loop keeps in flight to one agent.
 OFFER_WINDOW = 32
 #: Pending commands a dispatch loop reads from the store at a time.
@@ -66,6 +71,8 @@ class CommandDispatcher:
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._changes: dict[str, asyncio.Event] = {}
         self._reaper: asyncio.Task[None] | None = None
+        #: Bytes of unfinished report records held, by cluster.
+        self.report_buffered: Counter[str] = Counter()
 
     # ------------------------------------------------------------- lifecycle
 
@@ -263,15 +270,28 @@ class CommandDispatcher:
             await _reply(stream, {"stale": "no such command on this cluster"})
             return
         reader = RecordReader()
-        while chunk := await stream.read():
-            try:
-                events = reader.feed(chunk)
-            except MalformedFrameError as exc:
-                stream.reset(reason=str(exc)[:200])
-                return
-            for event in events:
-                if not await self._report_event(record, attempt, event, stream):
+        held = 0
+        try:
+            while chunk := await stream.read():
+                try:
+                    events = reader.feed(chunk)
+                except MalformedFrameError as exc:
+                    stream.reset(reason=str(exc)[:200])
                     return
+                self.report_buffered[cluster] += reader.buffered - held
+                held = reader.buffered
+                if self.report_buffered[cluster] > MAX_REPORT_BUFFER:
+                    # Else an agent's many streams, each with most of a record,
+                    # would hold gigabytes of this server's memory.
+                    stream.reset(reason="this cluster's reports hold too many unfinished records")
+                    return
+                for event in events:
+                    if not await self._report_event(record, attempt, event, stream):
+                        return
+        finally:
+            self.report_buffered[cluster] -= held
+            if self.report_buffered[cluster] <= 0:
+                del self.report_buffered[cluster]
 
     async def _report_event(
         self, record: CommandRecord, attempt: int, event: dict[str, Any], stream: MuxStream
