@@ -43,6 +43,10 @@ logger = logging.getLogger(__name__)
 AGENT_SOCKET_PATH = kinds.PATH_AGENT_CONNECT
 
 
+#: What to do about a revoked agent certificate.
+_REINSTALL = "reinstall the agent with a new bootstrap token (tunnelctl cluster token)"
+
+
 class _Admission:
     """Agent handshakes in progress (to refuse a reconnect storm politely), and renewals."""
 
@@ -74,8 +78,7 @@ def client_identity(request: web.Request, context: ServerContext) -> ClientIdent
         ) from exc
     if identity.serial in context.revoked:
         raise ForbiddenError(
-            f"the certificate of cluster {identity.cluster} was revoked; "
-            "reinstall the agent with a new bootstrap token (tunnelctl cluster token)",
+            f"the certificate of cluster {identity.cluster} was revoked; {_REINSTALL}",
             code="certificate_revoked",
         )
     return identity
@@ -144,17 +147,12 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
     try:
         hello = await asyncio.wait_for(session.wait_ready(), settings.handshake_timeout)
     except (TimeoutError, SessionClosedError):
-        await session.close()
-        await run
-        context.metrics.untrack(session)
-        return websocket
+        return await _never_attached(context, session, run, websocket)
     if identity.serial in context.revoked:
         # Revoked while its HELLO was on the way: a revocation disconnects the
         # agents attached, so this one must not attach after it.
-        await session.close(ErrorCode.NO_ERROR, "the cluster's certificates were revoked")
-        await run
-        context.metrics.untrack(session)
-        return websocket
+        reason = "the cluster's certificates were revoked"
+        return await _never_attached(context, session, run, websocket, reason)
     agent = AgentConnection(
         cluster=identity.cluster,
         session=session,
@@ -179,6 +177,20 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
         await renewals.close()
         logger.info("agent disconnected: %s", printable(str(session.close_reason)), extra=log)
         await _record(context, agent, connected=False)
+    return websocket
+
+
+async def _never_attached(
+    context: ServerContext,
+    session: Session,
+    run: asyncio.Task[None],
+    websocket: web.WebSocketResponse,
+    reason: str = "",
+) -> web.WebSocketResponse:
+    """End a session that is not attached: no HELLO in time, or revoked meanwhile."""
+    await session.close(ErrorCode.NO_ERROR, reason)
+    await run
+    context.metrics.untrack(session)
     return websocket
 
 
@@ -221,10 +233,7 @@ async def _record(context: ServerContext, agent: AgentConnection, *, connected: 
 
 
 #: Why a session whose certificate was revoked gets no new one.
-REVOKED_SESSION = (
-    "the certificate this agent connected with was revoked; "
-    "reinstall the agent with a new bootstrap token (tunnelctl cluster token)"
-)
+REVOKED_SESSION = f"the certificate this agent connected with was revoked; {_REINSTALL}"
 
 
 class _Renewals:
