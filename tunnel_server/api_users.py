@@ -356,8 +356,7 @@ async def _issue_token(
     try:
         await confirm(request, caller)
     except ApiError:
-        await context.store.delete_api_token(token_hash)
-        context.access.invalidate()
+        await context.store.delete_api_token(token_hash)  # never handed out, never cached
         raise
     return token
 
