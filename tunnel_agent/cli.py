@@ -20,13 +20,13 @@ from tunnel_cli import (
     parse_duration,
     run_main,
 )
-from tunnel_commands.spec import COMMAND_TYPES
+from tunnel_commands.spec import ALL_COMMAND_TYPES, COMMAND_TYPES
 from tunnel_mux import Session
 from tunnel_pki.errors import PkiError
 from tunnel_pki.names import validate_cluster_name
 
 from . import __version__
-from .commands import ALL_COMMAND_TYPES, build_command_runner
+from .commands import build_command_runner
 from .config import AgentSettings, ConnectSettings
 from .connector import Agent
 from .credentials import CredentialStore, DirectoryCredentialStore, SecretCredentialStore

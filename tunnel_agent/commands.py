@@ -12,18 +12,14 @@ from typing import Any
 
 from tunnel_commands import CommandSpecError, parse_command
 from tunnel_commands.flow import FlowSpec
-from tunnel_commands.spec import COMMAND_TYPES
+from tunnel_commands.spec import ALL_COMMAND_TYPES
 
 from .executors import ExecutionContext, execute, subprocess_environment
 from .journal import Journal
 from .kubeapi import KubeApi
 from .runner import CommandRunner, JobContext, RunnerSettings
 
-__all__ = ["ALL_COMMAND_TYPES", "build_command_runner", "validate_spec"]
-
-
-#: Every command type: what an agent runs unless told otherwise (--command-types).
-ALL_COMMAND_TYPES = frozenset(COMMAND_TYPES)
+__all__ = ["build_command_runner", "validate_spec"]
 
 
 def validate_spec(

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from protocol import Keepalive, Limits
-from tunnel_commands.spec import COMMAND_TYPES
+from tunnel_commands.spec import ALL_COMMAND_TYPES
 
 from .policy import ProxyPolicy
 
@@ -45,5 +45,5 @@ class AgentSettings:
     connect: ConnectSettings = field(default_factory=ConnectSettings)
     commands_concurrency: int = 2
     #: The command types this agent runs (--command-types).
-    command_types: frozenset[str] = frozenset(COMMAND_TYPES)
+    command_types: frozenset[str] = ALL_COMMAND_TYPES
     proxy: ProxyPolicy = field(default_factory=ProxyPolicy)

@@ -35,6 +35,7 @@ from .tofu import TofuSpec
 from .values import Scope
 
 __all__ = [
+    "ALL_COMMAND_TYPES",
     "API_VERSION",
     "COMMAND_TYPES",
     "DEFAULT_TIMEOUT",
@@ -59,6 +60,8 @@ _PARSERS: dict[str, Callable[[Fields, Scope], CommandSpec]] = {
 }
 #: The command types, in the order the documentation lists them.
 COMMAND_TYPES = ("manifests", "helm", "tofu", "flow", "query")
+#: The same, as a set: what an agent runs unless told otherwise (--command-types).
+ALL_COMMAND_TYPES = frozenset(COMMAND_TYPES)
 
 
 @dataclass(frozen=True, slots=True)
