@@ -39,6 +39,7 @@ from .live_requests import LiveRequests
 from .metrics import ServerMetrics
 from .proxyrequest import access_refusal
 from .registry import AgentRegistry
+from .retention import Pruner
 from .statedir import ServerIdentity, StateLock, ensure_admin, prepare_state_dir
 from .store.base import AlreadyExistsError, NotFoundError, QueueFullError, StoreError
 from .store.sqlite import SqliteStore
@@ -77,7 +78,12 @@ def _lifecycle(
         store = await SqliteStore.open(settings.state_dir / "state.db")
         try:
             await ensure_admin(store, settings.state_dir, utcnow())
-            audit = AuditWriter(store, retention=settings.audit_retention)
+            audit = AuditWriter(store)
+            pruner = Pruner(
+                store,
+                audit_retention=settings.audit_retention,
+                command_retention=settings.command_retention,
+            )
             registry = AgentRegistry(settings.tunnel.replace_grace)
             metrics = ServerMetrics()
             commands = CommandDispatcher(store, registry, audit, settings.commands, metrics)
@@ -100,7 +106,7 @@ def _lifecycle(
                 revoked=await store.revoked_serials(),
             )
             app[CONTEXT] = context
-            async with audit.running(), commands.running(), live.running():
+            async with audit.running(), commands.running(), live.running(), pruner.running():
                 yield
                 await context.registry.close(grace=0)
         finally:

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
 from .store.base import AuditEvent, ProxyAuditRecord, Store, StoreError
@@ -54,14 +54,12 @@ class AuditWriter:
         self,
         store: Store,
         *,
-        retention: timedelta | None = None,
         max_queue: int = 10_000,
         max_batch: int = 500,
     ) -> None:
         if max_queue < 1 or max_batch < 1:
             raise ValueError("max_queue and max_batch must be at least 1")
         self._store = store
-        self._retention = retention
         self._max_queue = max_queue
         self._max_batch = max_batch
         self._events = _Pending[AuditEvent]("audit events")
@@ -140,7 +138,6 @@ class AuditWriter:
         """Write while the block runs; flush what is queued at its end."""
         self._task = asyncio.create_task(self._write_forever(), name="audit writer")
         self._task.add_done_callback(self._writer_stopped)
-        pruner = asyncio.create_task(self._prune_forever(), name="audit pruner")
         try:
             yield
         finally:
@@ -148,22 +145,7 @@ class AuditWriter:
                 await self.flush()
             finally:
                 self._task.cancel()
-                pruner.cancel()
-                await asyncio.gather(self._task, pruner, return_exceptions=True)
-
-    async def _prune_forever(self) -> None:
-        """Forget events older than the retention, hourly (the trail stays bounded)."""
-        if self._retention is None:
-            return
-        while True:
-            try:
-                removed = await self._store.delete_audit_before(datetime.now(UTC) - self._retention)
-            except StoreError as exc:
-                logger.error("cannot prune the audit trail: %s", exc)
-            else:
-                if removed:
-                    logger.info("pruned %d audit events older than the retention", removed)
-            await asyncio.sleep(3600)
+                await asyncio.gather(self._task, return_exceptions=True)
 
     async def _write_forever(self) -> None:
         loop = asyncio.get_running_loop()

@@ -31,6 +31,7 @@ from .config import (
     TunnelSettings,
 )
 from .errors import ConfigError
+from .retention import MIN_RETENTION
 
 __all__ = ["build_parser", "main", "settings_from_args"]
 
@@ -125,7 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--audit-retention",
         env + "AUDIT_RETENTION",
         default="90d",
-        help="how long audit events are kept",
+        help="how long audit events are kept (at least 1h)",
+    )
+    env_flag(
+        serve,
+        "--command-retention",
+        env + "COMMAND_RETENTION",
+        default="30d",
+        help="how long a finished command, its result and its log are kept (at least 1h)",
     )
     env_flag(
         serve,
@@ -210,7 +218,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             max_pending=_positive(args.max_pending_commands, "--max-pending-commands")
         ),
         agent_image=args.agent_image,
-        audit_retention=parse_duration(args.audit_retention),
+        audit_retention=_retention(args.audit_retention, "--audit-retention"),
+        command_retention=_retention(args.command_retention, "--command-retention"),
     )
 
 
@@ -225,6 +234,17 @@ def _token_ttl(value: str | None) -> timedelta | None:
             f"{describe_duration(MAX_API_TOKEN_TTL)}, not {value}"
         )
     return ttl
+
+
+def _retention(value: str, flag: str) -> timedelta:
+    """A retention flag's duration: at least :data:`MIN_RETENTION`."""
+    retention = parse_duration(value)
+    if retention < MIN_RETENTION:
+        raise ConfigError(
+            f"{flag} must be at least {describe_duration(MIN_RETENTION)}, not {value}"
+            " (it is how long records are kept before they are deleted)"
+        )
+    return retention
 
 
 def _positive(value: str, flag: str) -> int:

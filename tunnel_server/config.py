@@ -134,5 +134,7 @@ class ServerSettings:
     commands: CommandSettings = field(default_factory=CommandSettings)
     #: How long audit events are kept.
     audit_retention: timedelta = timedelta(days=90)
+    #: How long a finished command (its record, result and log) is kept.
+    command_retention: timedelta = timedelta(days=30)
     #: The agent image the install manifest names.
     agent_image: str = "ghcr.io/example/tunnel-agent:0.1.0"

@@ -159,6 +159,15 @@ SERVER_FLAGS = [
         12 * 3600.0,
     ),
     FlagCase(
+        "--command-retention",
+        "TUNNEL_SERVER_COMMAND_RETENTION",
+        "7d",
+        "2h",
+        lambda a, s: s.command_retention.total_seconds(),
+        7 * 86400.0,
+        2 * 3600.0,
+    ),
+    FlagCase(
         "--max-requests-per-user",
         "TUNNEL_SERVER_MAX_REQUESTS_PER_USER",
         "64",
@@ -267,6 +276,8 @@ def test_server_defaults_without_flags_or_environment() -> None:
     assert settings.commands.max_pending == 10_000
     assert settings.tunnel.max_requests_per_user == 1024
     assert settings.tunnel.max_caller_connections == 4096
+    assert settings.audit_retention == timedelta(days=90)
+    assert settings.command_retention == timedelta(days=30)
 
 
 @pytest.mark.parametrize(
@@ -326,6 +337,8 @@ def test_tls_cert_and_key_go_together(flag: str) -> None:
         "--keepalive-timeout",
         "--keepalive-probe-timeout",
         "--shutdown-grace",
+        "--audit-retention",
+        "--command-retention",
     ],
 )
 def test_server_bad_duration_is_refused_with_examples(flag: str) -> None:
@@ -339,6 +352,14 @@ def test_a_maximum_token_lifetime_out_of_bounds_is_refused(value: str) -> None:
         ConfigError, match=f"--max-api-token-ttl must be between 1m and 3650d, not {value}"
     ):
         server_settings("--max-api-token-ttl", value)
+
+
+@pytest.mark.parametrize("flag", ["--audit-retention", "--command-retention"])
+@pytest.mark.parametrize("value", ["0", "59m"])
+def test_a_retention_under_an_hour_is_refused(flag: str, value: str) -> None:
+    # A retention of minutes would delete the records the hour they are made.
+    with pytest.raises(ConfigError, match=f"{flag} must be at least 1h, not {value}"):
+        server_settings(flag, value)
 
 
 @pytest.mark.parametrize("value", ["99999999999d", "9" * 400, "\u0663h"])

@@ -38,7 +38,7 @@ from typing import Any, Literal, NamedTuple
 
 from protocol.errors import TunnelError
 
-from .commands import CommandStore
+from .commands import PRUNE_BATCH, CommandStore
 
 __all__ = [
     "AUDIT_KINDS",
@@ -539,5 +539,9 @@ class Store(CommandStore):
         """
 
     @abc.abstractmethod
-    async def delete_audit_before(self, time: datetime) -> int:
-        """Delete the events older than ``time``; return how many (retention)."""
+    async def delete_audit_before(self, time: datetime, limit: int = PRUNE_BATCH) -> int:
+        """Delete at most ``limit`` of the events older than ``time``, oldest first.
+
+        Returns how many it deleted (retention): fewer than ``limit`` means
+        none older is left.
+        """

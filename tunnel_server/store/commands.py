@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 __all__ = [
     "ACTIVE_STATES",
+    "PRUNE_BATCH",
     "TERMINAL_STATES",
     "CommandLogLine",
     "CommandRecord",
@@ -39,6 +40,8 @@ ACTIVE_STATES: frozenset[str] = frozenset({"delivered", "running"})
 TERMINAL_STATES: frozenset[str] = frozenset(
     {"succeeded", "failed", "cancelled", "timed_out", "lost"}
 )
+#: Rows a pruning deletes in one transaction, so that other writes take turns.
+PRUNE_BATCH = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +188,14 @@ class CommandStore(abc.ABC):
     async def count_commands(self, since: datetime) -> dict[str, int]:
         """How many commands are in each state, of those updated since ``since``
         (and every active one, however old)."""
+
+    @abc.abstractmethod
+    async def delete_finished_commands(self, before: datetime, limit: int = PRUNE_BATCH) -> int:
+        """Delete at most ``limit`` commands that finished before ``before``, with their logs.
+
+        Oldest first; a command that has not finished is never deleted.
+        Returns how many it deleted: fewer than ``limit`` means none is left.
+        """
 
     @abc.abstractmethod
     async def command_log(

@@ -45,7 +45,14 @@ from .base import (
     StoreError,
     User,
 )
-from .commands import CommandLogLine, CommandRecord, CommandState, LapsedLease, NewCommand
+from .commands import (
+    PRUNE_BATCH,
+    CommandLogLine,
+    CommandRecord,
+    CommandState,
+    LapsedLease,
+    NewCommand,
+)
 from .sqlite_worker import DatabaseWorker
 
 __all__ = ["THREAD_NICENESS", "SqliteStore"]
@@ -308,6 +315,9 @@ class SqliteStore(Store):
     async def count_commands(self, since: datetime) -> dict[str, int]:
         return await self._run(cmd_ops.count_commands, since)
 
+    async def delete_finished_commands(self, before: datetime, limit: int = PRUNE_BATCH) -> int:
+        return await self._run(cmd_ops.delete_finished_commands, before, limit)
+
     async def command_log(
         self, command_id: str, after: int = 0, limit: int = 1000
     ) -> list[CommandLogLine]:
@@ -332,8 +342,8 @@ class SqliteStore(Store):
     ) -> list[AuditEvent]:
         return await self._run(audit_ops.list_audit, cluster, user, kind, since, limit)
 
-    async def delete_audit_before(self, time: datetime) -> int:
-        return await self._run(audit_ops.delete_audit_before, time)
+    async def delete_audit_before(self, time: datetime, limit: int = PRUNE_BATCH) -> int:
+        return await self._run(audit_ops.delete_audit_before, time, limit)
 
 
 # --- Helpers that run on the database thread -----------------------------------

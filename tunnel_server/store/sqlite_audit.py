@@ -160,6 +160,10 @@ def list_audit(
     return [audit_from_row(row) for row in rows]
 
 
-def delete_audit_before(db: sqlite3.Connection, time: datetime) -> int:
+def delete_audit_before(db: sqlite3.Connection, time: datetime, limit: int) -> int:
     """See :meth:`Store.delete_audit_before`."""
-    return db.execute("DELETE FROM audit WHERE time < ?", (encode_time(time),)).rowcount
+    return db.execute(
+        "DELETE FROM audit WHERE id IN"
+        " (SELECT id FROM audit WHERE time < ? ORDER BY time, id LIMIT ?)",
+        (encode_time(time), limit),
+    ).rowcount

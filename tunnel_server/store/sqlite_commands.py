@@ -26,6 +26,7 @@ __all__ = [
     "append_command_log",
     "command_log",
     "count_commands",
+    "delete_finished_commands",
     "extend_lease",
     "finish_command",
     "get_command",
@@ -373,3 +374,13 @@ def command_log(
         CommandLogLine(row["seq"], row["attempt"], decode_time(row["time"]), row["text"])
         for row in rows
     ]
+
+
+def delete_finished_commands(db: sqlite3.Connection, before: datetime, limit: int) -> int:
+    """See :meth:`CommandStore.delete_finished_commands` (logs go by ``ON DELETE CASCADE``)."""
+    with transaction(db):
+        return db.execute(
+            "DELETE FROM commands WHERE id IN (SELECT id FROM commands WHERE finished_at < ?"
+            " AND state NOT IN ('pending', 'delivered', 'running') ORDER BY finished_at LIMIT ?)",
+            (encode_time(before), limit),
+        ).rowcount

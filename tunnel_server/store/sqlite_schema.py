@@ -195,6 +195,14 @@ MIGRATIONS: tuple[Migration, ...] = (
         # NULL: the token never expires (every token made before this version).
         statements=("ALTER TABLE api_tokens ADD COLUMN expires_at TEXT",),
     ),
+    Migration(
+        version=5,
+        description="finished commands found by when they finished (their retention)",
+        statements=(
+            "CREATE INDEX commands_finished ON commands (finished_at)"
+            " WHERE finished_at IS NOT NULL",
+        ),
+    ),
 )
 """Every migration, in order; ``MIGRATIONS[i].version == i + 1``."""
 
