@@ -166,13 +166,19 @@ async def _metrics(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     context.metrics.clusters_connected.set(len(context.registry.connected()))
     context.metrics.proxy_in_progress.set(len(context.live))
+    context.metrics.store_write_failing.set(context.store.write_failure is not None)
     return web.Response(
         body=context.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    await request.app[CONTEXT].store.health()
+    """Ready while the store answers and can write: a server that cannot record its audit
+    trail, commands or agents' connections takes no new callers (docs/operations.md)."""
+    try:
+        await request.app[CONTEXT].store.health()
+    except StoreError as exc:
+        raise UnavailableError(f"not ready: {exc}") from exc
     return web.json_response({"status": "ready"})
 
 

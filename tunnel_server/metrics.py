@@ -160,6 +160,12 @@ class ServerMetrics:
         self.clusters_connected = Gauge(
             "tunnel_server_clusters_connected", "Clusters whose agent is connected.", registry=r
         )
+        self.store_write_failing = Gauge(
+            "tunnel_server_store_write_failing",
+            "1 while the state database cannot be written (disk full, I/O error): audit events, "
+            "commands and agents' connections are not recorded, and /readyz answers 503.",
+            registry=r,
+        )
         self.proxies = ProxyRequestCollector(_LATENCY_BUCKETS)
         r.register(self.proxies)
         self.proxy_in_progress = Gauge(

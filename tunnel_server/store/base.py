@@ -344,9 +344,18 @@ class Store(CommandStore):
     async def close(self) -> None:
         """Release the database; later calls raise :class:`StoreClosedError`. Idempotent."""
 
+    @property
+    @abc.abstractmethod
+    def write_failure(self) -> str | None:
+        """Why the last write failed (disk full, I/O error), while none has succeeded since."""
+
     @abc.abstractmethod
     async def health(self) -> None:
-        """Return if the store can serve requests, else raise :class:`StoreError`."""
+        """Return if the store can serve requests, else raise :class:`StoreError`.
+
+        After a write failed (:attr:`write_failure`), that means it can write
+        again: a probe write, which clears the failure when it succeeds.
+        """
 
     @abc.abstractmethod
     async def schema_version(self) -> int:

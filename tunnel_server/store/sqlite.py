@@ -134,8 +134,23 @@ class SqliteStore(Store):
         finally:
             self._executor.shutdown(wait=False)
 
+    @property
+    def write_failure(self) -> str | None:
+        return self._worker.write_failure
+
     async def health(self) -> None:
-        await self._run(sqlite_schema.current_version)
+        if self._worker.write_failure is None:
+            await self._run(sqlite_schema.current_version)
+            return
+        # A write failed, and none has succeeded since: see whether one would now.
+        try:
+            await self._run(sqlite_schema.probe_write)
+        except StoreError as exc:
+            reason = exc.__cause__ or exc
+            raise StoreError(
+                f"the state database cannot be written ({reason}):"
+                " free space on its volume, or make it writable"
+            ) from exc
 
     async def schema_version(self) -> int:
         return await self._run(sqlite_schema.current_version)

@@ -203,6 +203,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             " WHERE finished_at IS NOT NULL",
         ),
     ),
+    Migration(
+        version=6,
+        description="a table the readiness probe writes to",
+        statements=("CREATE TABLE write_probe (id INTEGER PRIMARY KEY, data BLOB NOT NULL)",),
+    ),
 )
 """Every migration, in order; ``MIGRATIONS[i].version == i + 1``."""
 
@@ -244,6 +249,21 @@ def transaction(db: sqlite3.Connection) -> Iterator[None]:
 def _still_open(db: sqlite3.Connection) -> bool:
     """Whether ``db`` is in a transaction (after a failure SQLite may have ended it)."""
     return db.in_transaction
+
+
+#: Bytes the write probe stores: a page of their own, as a new row may need.
+PROBE_BYTES = 4096
+
+
+def probe_write(db: sqlite3.Connection) -> None:
+    """Store a row of :data:`PROBE_BYTES` and delete it, in one committed transaction.
+
+    Raises what SQLite raises when the database cannot take a new row (disk
+    full, an I/O error, a read-only file); a probe that returns has committed.
+    """
+    with transaction(db):
+        db.execute("INSERT INTO write_probe (data) VALUES (zeroblob(?))", (PROBE_BYTES,))
+        db.execute("DELETE FROM write_probe")
 
 
 def current_version(db: sqlite3.Connection) -> int:

@@ -17,6 +17,11 @@ An operation must therefore not BEGIN, COMMIT or ROLLBACK itself (it uses
 run what SQLite refuses inside a transaction (VACUUM, some PRAGMAs); one that
 ends or leaks the transaction fails loudly. If SQLite abandons a transaction
 itself (disk full, an I/O error), every caller of that batch gets that error.
+
+The worker also remembers whether the database can be written
+(:attr:`DatabaseWorker.write_failure`): set by an error that says it cannot
+(disk full, an I/O error, a read-only file), cleared by the next batch that
+commits a change. The server's ``/readyz`` reports it.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ Operation = Callable[[sqlite3.Connection], Any]
 _Item = tuple[Operation, "asyncio.Future[Any]"]
 _Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
 
+#: SQLite's primary result codes that say nothing can be written (sqlite.org/rescode.html).
+_CANNOT_WRITE = frozenset({8, 10, 13})  # SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL
+
 
 class DatabaseWorker:
     """Runs operations on ``connection`` on ``executor``'s one thread, in batches.
@@ -63,6 +71,9 @@ class DatabaseWorker:
         self._queue: deque[_Item] = deque()
         self._lock = threading.Lock()  # guards _queue's emptiness and _scheduled together
         self._scheduled = False
+        #: Why the last write failed, while no write has succeeded since (else None).
+        #: Set and cleared on the database thread; read anywhere.
+        self.write_failure: str | None = None
 
     def submit(self, operation: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Queue ``operation(connection)``; the future settles once its batch has committed.
@@ -97,11 +108,15 @@ class DatabaseWorker:
                         return
                     count = min(len(self._queue), MAX_BATCH)
                     batch = [self._queue.popleft() for _ in range(count)]
+                changes = self._db.total_changes
                 try:
                     outcomes = self._run_batch(batch)
                 except Exception as exc:  # noqa: BLE001 - the batch failed whole: to its callers
                     self._abandon()
+                    self._note_failure(exc)
                     outcomes = [(future, None, self._batch_error(exc)) for _, future in batch]
+                else:
+                    self._note_outcomes(outcomes, changes)
                 batch = []
                 _settle(outcomes)
         except BaseException:
@@ -163,6 +178,23 @@ class DatabaseWorker:
             # If even that fails, the connection has already ended the transaction.
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
+
+    def _note_failure(self, exc: BaseException | None) -> bool:
+        """Remember ``exc`` if it says the database cannot be written; say whether it did."""
+        if isinstance(exc, sqlite3.Error):
+            code = getattr(exc, "sqlite_errorcode", 0)
+            if code & 0xFF in _CANNOT_WRITE:
+                self.write_failure = str(exc) or getattr(exc, "sqlite_errorname", "")
+                return True
+        return False
+
+    def _note_outcomes(self, outcomes: list[_Outcome], changes: int) -> None:
+        """After a batch that committed: a failure to write, or a change written."""
+        for _, _, error in outcomes:
+            if error is not None and self._note_failure(error.__cause__ or error):
+                return
+        if self.write_failure is not None and self._db.total_changes > changes:
+            self.write_failure = None
 
     def _caller_error(self, exc: Exception) -> BaseException:
         """The error one caller receives for its own operation's failure."""
