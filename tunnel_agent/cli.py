@@ -31,6 +31,7 @@ from .config import AgentSettings, ConnectSettings
 from .connector import Agent
 from .credentials import CredentialStore, DirectoryCredentialStore, SecretCredentialStore
 from .errors import AgentConfigError, AgentStoppedError
+from .executors.gateway import CommandsGateway
 from .health import start_health_server
 from .journal import Journal
 from .kubeapi import KubeApi, load_kube_configuration
@@ -279,9 +280,11 @@ async def run_agent(settings: AgentSettings) -> None:
         store = SecretCredentialStore(kube.api_client(), *settings.credentials_secret)
         namespace = settings.credentials_secret[0]
     proxy = KubeProxy(kube, settings.proxy)
+    gateway = CommandsGateway(kube)
     runner = build_command_runner(
         kube,
         Journal(store),
+        gateway=gateway,
         namespace=namespace,
         kubeconfig=settings.kubeconfig,
         settings=RunnerSettings(concurrency=settings.commands_concurrency),
@@ -339,6 +342,7 @@ async def run_agent(settings: AgentSettings) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await gateway.close()
         if health is not None:
             await health.cleanup()
         await proxy.close()

@@ -15,6 +15,7 @@ from tunnel_commands.flow import FlowSpec
 from tunnel_commands.spec import ALL_COMMAND_TYPES
 
 from .executors import ExecutionContext, execute, subprocess_environment
+from .executors.gateway import CommandsGateway
 from .journal import Journal
 from .kubeapi import KubeApi
 from .runner import CommandRunner, JobContext, RunnerSettings
@@ -58,6 +59,7 @@ def build_command_runner(
     kube: KubeApi,
     journal: Journal,
     *,
+    gateway: CommandsGateway,
     namespace: str,
     kubeconfig: Path | None,
     settings: RunnerSettings | None = None,
@@ -75,6 +77,7 @@ def build_command_runner(
     agent's service-account token are masked in every run's log and result,
     as the values a spec's ``secretRef`` reads are. ``own_namespace`` (in a
     cluster) holds the agent's Secrets: no command reads or writes in it.
+    ``gateway`` is how helm reaches the API server; its owner closes it.
     """
 
     async def run(spec: dict[str, Any], job: JobContext) -> dict[str, Any]:
@@ -92,6 +95,7 @@ def build_command_runner(
             # Nothing one run leaves in its home (a .gitconfig) reaches the next.
             environment=base | {"HOME": str(home)},
             own_namespace=own_namespace,
+            gateway=gateway,
         )
         for secret in (*masked_values, *_bearer(await kube.authorization())):
             context.masker.add(secret)

@@ -19,6 +19,7 @@ from typing import Any
 
 from tests.kubestub.server import KubeStub
 from tunnel_agent.executors import ExecutionContext
+from tunnel_agent.executors.gateway import CommandsGateway
 from tunnel_agent.kubeapi import KubeApi, load_kube_configuration
 from tunnel_commands import Command, parse_command
 
@@ -31,6 +32,7 @@ class Harness:
     kube: KubeApi
     kubeconfig: Path
     root: Path
+    gateway: CommandsGateway
     lines: list[str] = field(default_factory=list)
     _waiters: dict[str, asyncio.Event] = field(default_factory=dict)
     _runs: int = 0
@@ -56,6 +58,7 @@ class Harness:
         workdir = self.root / f"run-{self._runs}"
         workdir.mkdir(mode=0o700)
         options.setdefault("kubeconfig", self.kubeconfig)
+        options.setdefault("gateway", self.gateway)
         if environment is not None:
             options["environment"] = environment
         return ExecutionContext(
@@ -95,9 +98,11 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
         kube = KubeApi(await load_kube_configuration(kubeconfig))
         root = tmp_path / "runs"
         root.mkdir()
+        gateway = CommandsGateway(kube)
         try:
-            yield Harness(stub, kube, kubeconfig, root)
+            yield Harness(stub, kube, kubeconfig, root, gateway)
         finally:
+            await gateway.close()
             await kube.close()
 
 

@@ -23,6 +23,7 @@ from tests.fakebin import fake_environment, records
 from tests.kubestub import KubeStub
 from tunnel_agent.commands import build_command_runner
 from tunnel_agent.credentials import DirectoryCredentialStore
+from tunnel_agent.executors.gateway import CommandsGateway
 from tunnel_agent.journal import Journal
 from tunnel_agent.kubeapi import KubeApi, load_kube_configuration
 from tunnel_agent.router import StreamRouter
@@ -73,9 +74,11 @@ async def cluster(server: RunningServer, tmp_path: Path) -> AsyncIterator[Cluste
         kube = KubeApi(await load_kube_configuration(kubeconfig))
         record = tmp_path / "record.jsonl"
         settings = agent_settings(server, "prod-eu", bootstrap, tmp_path / "creds")
+        gateway = CommandsGateway(kube)
         runner = build_command_runner(
             kube,
             Journal(DirectoryCredentialStore(tmp_path / "creds")),
+            gateway=gateway,
             namespace="default",
             kubeconfig=kubeconfig,
             environment=fake_environment(record),
@@ -98,6 +101,7 @@ async def cluster(server: RunningServer, tmp_path: Path) -> AsyncIterator[Cluste
         finally:
             runner_task.cancel()
             await asyncio.gather(runner_task, return_exceptions=True)
+            await gateway.close()
             await kube.close()
 
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.fakebin import fake_environment, process_gone, records, wait_gone
@@ -30,6 +31,10 @@ async def h(tmp_path: Path) -> AsyncIterator[Harness]:
 
 def _helm(**spec: Any) -> dict[str, Any]:
     return {"namespace": "web", "chart": REPO_CHART} | spec
+
+
+def _exists(path: str) -> bool:
+    return Path(path).exists()
 
 
 def _values_file(call: dict[str, Any]) -> Path:
@@ -55,7 +60,9 @@ async def test_the_command_line_is_exactly_helms_upgrade_install(
     assert _values_file(call).parent == context.workdir
     assert call["values_mode"] == "0o600"
     assert not _values_file(call).exists()
-    assert call["env"]["KUBECONFIG"] == str(h.kubeconfig)
+    # Its kubeconfig is the gateway's, for this run only; never the agent's.
+    assert Path(call["env"]["KUBECONFIG"]).parent == context.workdir
+    assert not _exists(call["env"]["KUBECONFIG"])
     assert call["env"]["HELM_CACHE_HOME"].startswith(str(context.workdir))
     assert call["pgid"] == call["pid"]  # its own process group
 
@@ -282,3 +289,55 @@ async def test_the_command_timeout_stops_helm_and_fails(h: Harness, tmp_path: Pa
     pids = json.loads(pids_file.read_text())
     assert process_gone(pids["pid"])
     assert await wait_gone(pids["child"])
+
+
+async def test_helm_reaches_the_cluster_through_the_gateway_and_not_the_agents_namespace(
+    h: Harness, tmp_path: Path
+) -> None:
+    """A chart's ``lookup`` of the agent's key is refused; helm's own reads go through."""
+    h.stub.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tunnel-agent"}})
+    h.add_secret("tunnel-agent", "agent-credentials", {"tls.key": "the agent's key"})
+    record = tmp_path / "record.jsonl"
+    requests = [
+        ["GET", "/api/v1/namespaces/tunnel-agent/secrets/agent-credentials"],
+        ["GET", "/api/v1/namespaces/vault/secrets/db"],
+    ]
+    environment = fake_environment(
+        record,
+        FAKEBIN_REQUESTS=json.dumps(requests),
+        KUBERNETES_SERVICE_HOST="10.96.0.1",
+        KUBERNETES_SERVICE_PORT="443",
+    )
+    context = h.context(environment, own_namespace="tunnel-agent")
+    result = await execute(command("helm", _helm()), context)
+    assert result.outcome == "succeeded", result.error
+    [call] = records(record)
+    [refused, allowed] = call["answers"]
+    assert refused[0] == 403
+    assert "namespace tunnel-agent is the agent's own" in refused[1]["message"]
+    assert allowed[0] == 200
+    assert allowed[1]["metadata"]["name"] == "db"
+    assert call["server"].startswith("http://127.0.0.1:")
+    assert call["token"] != h.stub.token
+    # Nothing would lead helm to the pod's ServiceAccount by itself.
+    assert "KUBERNETES_SERVICE_HOST" not in call["env_names"]
+    assert "KUBERNETES_SERVICE_PORT" not in call["env_names"]
+    # Its token ended with it.
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(
+            call["server"] + "/api/v1/namespaces",
+            headers={"Authorization": f"Bearer {call['token']}"},
+        ) as response,
+    ):
+        assert response.status == 401
+
+
+async def test_helm_does_not_run_without_the_gateway(h: Harness, tmp_path: Path) -> None:
+    record = tmp_path / "record.jsonl"
+    context = h.context(fake_environment(record), gateway=None)
+    result = await execute(command("helm", _helm()), context)
+    assert result.outcome == "failed"
+    assert result.error is not None
+    assert "helm runs only through the agent's gateway" in result.error
+    assert records(record) == []

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from ..kubeapi import KubeApi
 from .errors import own_namespace_error
+from .gateway import CommandsGateway
 from .masking import Masker
 
 __all__ = [
@@ -85,6 +86,8 @@ class ExecutionContext:
     #: credentials, command journal and bootstrap token are there, and no
     #: command reads or writes in it (:meth:`check_not_own`).
     own_namespace: str | None = None
+    #: Where helm reaches the API server, under the commands' rule (None: helm cannot run).
+    gateway: CommandsGateway | None = None
     #: Seconds between SIGTERM and SIGKILL when a process is stopped.
     kill_grace: float = 5.0
     #: Seconds between readiness checks while waiting for objects.

@@ -8,7 +8,9 @@
 The values, references resolved, go to a mode-0600 file in the run's
 directory, removed as soon as helm ends; nothing secret is on the command
 line. Helm's caches and configuration live in the run's directory too.
-Outside a cluster, ``KUBECONFIG`` points helm at the agent's kubeconfig.
+Helm never holds the agent's credentials: ``KUBECONFIG`` points it at the
+commands' gateway (``gateway``), with a token good while it runs, and the
+in-cluster variables that would lead it to the ServiceAccount are withheld.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from .process import find_binary, run_process
 from .steps import Step, StepReport
 
 __all__ = ["helm_command", "run_helm"]
+
+#: What would lead helm (client-go) to the pod's ServiceAccount token without a kubeconfig.
+_IN_CLUSTER_VARIABLES = frozenset({"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"})
 
 _REVISION = re.compile(r"^REVISION:\s*(\d+)\s*$")
 _STATUS = re.compile(r"^STATUS:\s*(\S+)\s*$")
@@ -59,14 +64,18 @@ async def run_helm(spec: HelmSpec, step: Step) -> StepReport:
     values = await step.values.resolve(spec.values, step.path_of("values"))
     home = step.workdir / "helm"
     home.mkdir(parents=True, exist_ok=True)
+    if context.gateway is None:
+        raise ExecutorError(f"{step.path}: helm runs only through the agent's gateway")
     environment = {
-        **context.environment,
+        name: value
+        for name, value in context.environment.items()
+        if name not in _IN_CLUSTER_VARIABLES
+    }
+    environment |= {
         "HELM_CACHE_HOME": str(home / "cache"),
         "HELM_CONFIG_HOME": str(home / "config"),
         "HELM_DATA_HOME": str(home / "data"),
     }
-    if context.kubeconfig is not None:
-        environment["KUBECONFIG"] = str(context.kubeconfig)
     values_file = step.workdir / f"values-{secrets.token_hex(8)}.json"
     revision: list[str] = []
     status: list[str] = []
@@ -80,13 +89,16 @@ async def run_helm(spec: HelmSpec, step: Step) -> StepReport:
 
     create_private_file(values_file, json.dumps(values, indent=2).encode())
     try:
-        result = await run_process(
-            helm_command(helm, spec, chart, str(values_file)),
-            cwd=step.workdir,
-            environment=environment,
-            emit=on_line,
-            kill_grace=context.kill_grace,
-        )
+        async with context.gateway.kubeconfig(
+            step.workdir, own_namespace=context.own_namespace, label=f"command {context.command_id}"
+        ) as kubeconfig:
+            result = await run_process(
+                helm_command(helm, spec, chart, str(values_file)),
+                cwd=step.workdir,
+                environment=environment | {"KUBECONFIG": str(kubeconfig)},
+                emit=on_line,
+                kill_grace=context.kill_grace,
+            )
     finally:
         values_file.unlink(missing_ok=True)
     if result.returncode != 0:

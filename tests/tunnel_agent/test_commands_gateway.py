@@ -1,0 +1,213 @@
+"""The commands' gateway: helm's way to the API server, never with the agent's credentials."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.fakebin.support import Harness, harness
+from tests.support import until
+from tunnel_agent.executors.gateway import MAX_REQUEST_BODY, refusal
+
+OWN = "tunnel-agent"
+
+
+@pytest.fixture
+async def h(tmp_path: Path) -> AsyncIterator[Harness]:
+    async with harness(tmp_path) as running:
+        for name in (OWN, "web"):
+            running.stub.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        running.add_secret(OWN, "agent-credentials", {"tls.key": "the agent's key"})
+        running.add_secret("web", "db", {"password": "app"})
+        yield running
+
+
+class Helm:
+    """What a helm process holds: the gateway's URL and its token, from its kubeconfig."""
+
+    def __init__(self, kubeconfig: Path, http: aiohttp.ClientSession) -> None:
+        config = json.loads(kubeconfig.read_text())
+        self.server = config["clusters"][0]["cluster"]["server"]
+        self.token = config["users"][0]["user"]["token"]
+        self.http = http
+
+    async def call(
+        self, method: str, path: str, *, token: str | None = None, **options: Any
+    ) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {self.token if token is None else token}"}
+        headers |= options.pop("headers", {})
+        async with self.http.request(
+            method, self.server + path, headers=headers, **options
+        ) as response:
+            text = await response.text()
+            return response.status, json.loads(text) if text else None
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def test_helm_reads_and_writes_outside_the_agents_namespace(
+    h: Harness, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with h.gateway.kubeconfig(tmp_path, own_namespace=OWN, label="test") as kubeconfig:
+        assert kubeconfig.stat().st_mode & 0o077 == 0
+        helm = Helm(kubeconfig, http)
+        status, secret = await helm.call("GET", "/api/v1/namespaces/web/secrets/db")
+        assert status == 200
+        assert secret["metadata"]["name"] == "db"
+        config_map = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "settings", "namespace": "web"},
+            "data": {"a": "1"},
+        }
+        status, created = await helm.call(
+            "POST", "/api/v1/namespaces/web/configmaps", json=config_map
+        )
+        assert status == 201, created
+        assert h.stub.get("v1", "ConfigMap", "settings", "web") is not None
+        status, discovery = await helm.call("GET", "/api")
+        assert (status, discovery["kind"]) == (200, "APIVersions")
+    # The API server saw the agent's credentials, never the gateway's token.
+    seen = [dict(entry.headers).get("Authorization") for entry in h.stub.requests]
+    assert seen
+    assert set(seen) == {f"Bearer {h.stub.token}"}
+
+
+async def test_the_agents_namespace_is_out_of_reach(
+    h: Harness, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with h.gateway.kubeconfig(tmp_path, own_namespace=OWN, label="test") as kubeconfig:
+        helm = Helm(kubeconfig, http)
+        for method, path in [
+            ("GET", f"/api/v1/namespaces/{OWN}/secrets/agent-credentials"),
+            ("GET", f"/api/v1/namespaces/{OWN}/secrets"),
+            ("POST", f"/api/v1/namespaces/{OWN}/configmaps"),
+            ("DELETE", f"/api/v1/namespaces/{OWN}"),
+            ("GET", f"/apis/apps/v1/namespaces/{OWN}/deployments?watch=1"),
+        ]:
+            status, answer = await helm.call(method, path)
+            assert status == 403, (method, path)
+            assert answer["kind"] == "Status"
+            assert f"namespace {OWN} is the agent's own" in answer["message"]
+        status, answer = await helm.call("GET", "/api/v1/secrets")
+        assert status == 403
+        assert "Secrets across every namespace" in answer["message"]
+    assert not [entry for entry in h.stub.requests if OWN in entry.path or "secrets" in entry.path]
+
+
+async def test_a_token_works_only_while_its_block_runs(
+    h: Harness, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with h.gateway.kubeconfig(tmp_path, own_namespace=OWN, label="test") as kubeconfig:
+        helm = Helm(kubeconfig, http)
+        assert (await helm.call("GET", "/api/v1/namespaces/web/configmaps"))[0] == 200
+        assert (await helm.call("GET", "/api/v1/namespaces", token="forged"))[0] == 401
+        assert (await helm.call("GET", "/api/v1/namespaces", token=""))[0] == 401
+        assert h.gateway.grants == 1
+    assert not kubeconfig.exists()
+    assert h.gateway.grants == 0
+    status, answer = await helm.call("GET", "/api/v1/namespaces")
+    assert status == 401
+    assert answer["reason"] == "Unauthorized"
+
+
+async def test_impersonation_and_connections_into_pods_are_refused(
+    h: Harness, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    h.stub.add_pod("app", "web")
+    async with h.gateway.kubeconfig(tmp_path, own_namespace=OWN, label="test") as kubeconfig:
+        helm = Helm(kubeconfig, http)
+        status, answer = await helm.call(
+            "GET", "/api/v1/namespaces", headers={"Impersonate-User": "system:admin"}
+        )
+        assert (status, answer["reason"]) == (403, "Forbidden")
+        status, _ = await helm.call("POST", "/api/v1/namespaces/web/pods/app/exec?command=id")
+        assert status == 403
+        status, _ = await helm.call("GET", "/api/v1/namespaces/web/secrets%2Fdb")
+        assert status == 403
+    assert not [entry for entry in h.stub.requests if "exec" in entry.path]
+
+
+async def test_a_body_over_the_bound_is_refused_unread(
+    h: Harness, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with h.gateway.kubeconfig(tmp_path, own_namespace=OWN, label="test") as kubeconfig:
+        helm = Helm(kubeconfig, http)
+        status, answer = await helm.call(
+            "POST",
+            "/api/v1/namespaces/web/configmaps",
+            data=io.BytesIO(b"x" * (MAX_REQUEST_BODY + 1)),
+        )
+    assert (status, answer["reason"]) == (413, "RequestEntityTooLarge")
+
+
+async def test_a_watch_streams_its_events_as_they_happen(
+    h: Harness, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with h.gateway.kubeconfig(tmp_path, own_namespace=OWN, label="test") as kubeconfig:
+        helm = Helm(kubeconfig, http)
+        async with http.get(
+            helm.server + "/api/v1/namespaces/web/configmaps?watch=1",
+            headers={"Authorization": f"Bearer {helm.token}"},
+        ) as response:
+            assert response.status == 200
+            h.stub.add(
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": "late", "namespace": "web"},
+                }
+            )
+            line = await asyncio.wait_for(response.content.readline(), 10)
+            event = json.loads(line)
+            assert (event["type"], event["object"]["metadata"]["name"]) == ("ADDED", "late")
+            assert h.stub.store.watcher_count == 1
+        # helm left: the gateway's watch on the API server ends with it, at once.
+        await until(lambda: h.stub.store.watcher_count == 0, max_turns=10**6)
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "headers", "refused"),
+    [
+        ("GET", "/api/v1/namespaces/web/pods", {}, None),
+        ("GET", "/version", {}, None),
+        ("GET", "/openapi/v2", {}, None),
+        ("POST", "/version", {}, "is not an API resource"),
+        ("GET", f"/api/v1/namespaces/{OWN}", {}, "the agent's own"),
+        ("GET", f"/api/v1/watch/namespaces/{OWN}/secrets", {}, "the agent's own"),
+        ("GET", "/api/v1/watch/secrets", {}, "across every namespace"),
+        ("GET", "/api/v1/secrets?watch=true", {}, "across every namespace"),
+        ("GET", "/api/v1/namespaces/web/pods/x/log", {}, None),
+        ("GET", "/api/v1/namespaces/web/pods/x/portforward", {}, "no connection"),
+        ("GET", "/api/v1/nodes/n/proxy/metrics", {}, "no connection"),
+        ("GET", "/api/v1/namespaces", {"Connection": "Upgrade"}, "no connection"),
+        ("GET", "/api/v1/namespaces", {"impersonate-group": "x"}, "impersonate"),
+        ("GET", "/api/v1/namespaces/web/../tunnel-agent/secrets", {}, "dot or encoded"),
+        ("GET", "relative", {}, "dot or encoded"),
+    ],
+)
+def test_the_rule_a_commands_request_keeps(
+    method: str, target: str, headers: dict[str, str], refused: str | None
+) -> None:
+    why = refusal(method, target, headers, OWN)
+    if refused is None:
+        assert why is None
+    else:
+        assert why is not None
+        assert refused in why
+
+
+def test_without_an_own_namespace_only_the_rest_of_the_rule_applies() -> None:
+    assert refusal("GET", f"/api/v1/namespaces/{OWN}/secrets/x", {}, None) is None
+    assert refusal("GET", "/api/v1/secrets", {}, None) is not None
