@@ -17,7 +17,11 @@ import pytest
 from .dockerfiles import AGENT, REPO, SERVER, Dockerfile, exec_form, flags, labels, parse
 
 DOCKERFILES = {"agent": AGENT, "server": SERVER}
-ENTRYPOINTS = {"agent": (["tunnel-agent"], ["run"]), "server": (["tunnel-server"], ["serve"])}
+# The agent's starts helm, tofu and git: tini, as the first process, reaps what they leave.
+ENTRYPOINTS = {
+    "agent": (["tini", "--", "tunnel-agent"], ["run"]),
+    "server": (["tunnel-server"], ["serve"]),
+}
 PINNED_BY_DIGEST = re.compile(r"^[a-z0-9./-]+:[0-9][\w.-]*@sha256:[0-9a-f]{64}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.fakebin import wait_gone
 from tunnel_agent.executors.context import MAX_LINE, ExecutionContext
 from tunnel_agent.executors.errors import ProcessError
 from tunnel_agent.executors.masking import Masker
-from tunnel_agent.executors.process import ProcessResult, find_binary, run_process
+from tunnel_agent.executors.process import (
+    MARK_VARIABLE,
+    ProcessResult,
+    find_binary,
+    kill_marked,
+    run_process,
+)
 
 
 async def _run(tmp_path: Path, code: str, **options: object) -> tuple[ProcessResult, list[str]]:
@@ -63,6 +73,92 @@ async def test_a_background_child_left_behind_does_not_hold_the_run(tmp_path: Pa
     )
     result, lines = await _run(tmp_path, code)
     assert (result.returncode, lines) == (0, ["parent done"])
+
+
+_ESCAPE = (
+    "import os, subprocess, sys\n"
+    # A child in a session of its own: outside the process group the agent kills.
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'],"
+    " start_new_session=True)\n"
+    "open(sys.argv[1], 'w').write(str(child.pid))\n"
+    "print('parent done', flush=True)\n"
+)
+
+
+async def test_a_child_that_left_the_process_group_is_stopped_with_the_run(
+    tmp_path: Path,
+) -> None:
+    pid_file = tmp_path / "escapee.pid"
+    lines: list[str] = []
+    result = await run_process(
+        [sys.executable, "-c", _ESCAPE, str(pid_file)],
+        cwd=tmp_path,
+        environment={"PATH": "/usr/bin:/bin"},
+        emit=lines.append,
+        kill_grace=1.0,
+    )
+    assert result.returncode == 0
+    assert await wait_gone(int(pid_file.read_text()))
+    assert lines[-1] == (
+        f"[agent] stopped 1 process that {Path(sys.executable).name} left running"
+        " outside its process group"
+    )
+
+
+async def test_a_cancelled_run_stops_the_child_that_left_its_group_too(tmp_path: Path) -> None:
+    pid_file = tmp_path / "escapee.pid"
+    code = _ESCAPE + "import time; time.sleep(3600)\n"
+    lines: list[str] = []
+    started = asyncio.Event()
+
+    def emit(line: str) -> None:
+        lines.append(line)
+        if line == "parent done":
+            started.set()
+
+    run = asyncio.create_task(
+        run_process(
+            [sys.executable, "-c", code, str(pid_file)],
+            cwd=tmp_path,
+            environment={"PATH": "/usr/bin:/bin"},
+            emit=emit,
+            kill_grace=1.0,
+        )
+    )
+    await asyncio.wait_for(started.wait(), 30)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert await wait_gone(int(pid_file.read_text()))
+    assert "outside its process group" in lines[-1]
+
+
+def test_only_processes_with_the_mark_are_stopped() -> None:
+    # Each says "ready" once it runs its own program (before, /proc shows its parent's environment).
+    sleep = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(3600)"]
+    environment = {"PATH": "/usr/bin:/bin"}
+    marked, other = (
+        subprocess.Popen(sleep, env=environment | {MARK_VARIABLE: mark}, stdout=subprocess.PIPE)
+        for mark in ("abc123", "abc1234")
+    )
+    try:
+        for process in (marked, other):
+            assert process.stdout is not None
+            assert process.stdout.readline() == b"ready\n"
+        assert kill_marked("abc123") == 1
+        assert marked.wait(timeout=30) == -signal.SIGKILL
+        assert other.poll() is None
+        assert kill_marked("abc123") == 0
+    finally:
+        for process in (marked, other):
+            process.kill()
+            process.wait()
+            assert process.stdout is not None
+            process.stdout.close()
+
+
+def test_without_proc_no_process_is_found(tmp_path: Path) -> None:
+    assert kill_marked("abc", proc=tmp_path / "no-proc") == 0
 
 
 async def test_a_binary_that_cannot_start_is_a_process_error(tmp_path: Path) -> None:

@@ -6,6 +6,14 @@ group gets SIGTERM, then SIGKILL after the grace period, and the
 cancellation goes on. When the process exits by itself, anything it left
 running in its group is killed, so no stray child holds the pipes open.
 
+A descendant can leave the group (``setsid``, a daemon's double fork). Each
+process gets a mark in its environment (:data:`MARK_VARIABLE`, one value per
+call), which its descendants inherit; when it ends, every process still
+carrying the mark is found in ``/proc`` and killed, and the run's log says
+so. A process that scrubs its own environment is not found: this ends what a
+tool leaves behind by accident, it does not confine code that hides
+(docs/security.md, "Commands").
+
 Standard output and error are read line by line as they come and sent to
 the run's log (masked, capped); standard output can instead be captured
 whole, unlogged, for output that holds values (``tofu output -json``).
@@ -18,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -28,7 +37,7 @@ from pathlib import Path
 
 from .errors import ProcessError
 
-__all__ = ["ProcessResult", "find_binary", "run_process"]
+__all__ = ["MARK_VARIABLE", "ProcessResult", "find_binary", "kill_marked", "run_process"]
 
 _CHUNK = 65536
 #: A line longer than this (before masking) is cut; the rest up to its end is dropped.
@@ -37,6 +46,10 @@ _TAIL_LINES = 40
 #: Seconds to read what is left in the pipes once the process has ended.
 _DRAIN = 5.0
 _ERROR_PREFIXES = ("error", "fatal:")
+#: The environment variable that marks every process one call started, and their descendants.
+MARK_VARIABLE = "TUNNEL_AGENT_PROCESS"
+#: Scans of /proc for marked processes, while each finds some (one forking as it is killed).
+_MAX_SCANS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +102,7 @@ async def run_process(
     over ``stdout_limit``; re-raises cancellation after stopping the group.
     """
     loop = asyncio.get_running_loop()
+    mark = secrets.token_hex(8)
     # The channels are ours, not asyncio's: on Python 3.11 ``Process.wait()``
     # waits for its own pipes to close, which a descendant can hold open.
     # Socket pairs rather than os.pipe(): uvloop closes a pipe's descriptor
@@ -106,7 +120,7 @@ async def run_process(
                 stdout=out_write.fileno(),
                 stderr=err_write.fileno(),
                 cwd=cwd,
-                env=environment,
+                env=environment | {MARK_VARIABLE: mark},
                 start_new_session=True,
             )
         except OSError as exc:
@@ -135,8 +149,10 @@ async def run_process(
                     group.create_task(_pump(stderr, on_stderr)),
                 ]
                 await process.wait()
-                # What the process left running in its group would hold the pipes open.
+                # What the process left running in its group, or outside it
+                # with its mark, would hold the pipes open.
                 _signal_group(process.pid, signal.SIGKILL)
+                await _end_escapees(mark, Path(argv[0]).name, emit)
                 # A descendant that left the group could hold them for ever: read
                 # what is there, then stop reading.
                 await asyncio.wait(pumps, timeout=_DRAIN)
@@ -144,6 +160,7 @@ async def run_process(
                     transport.close()
         except BaseException:
             await _stop(process, kill_grace)
+            await _end_escapees(mark, Path(argv[0]).name, emit)
             raise
     finally:
         for transport in transports:
@@ -189,6 +206,53 @@ async def _stop(process: asyncio.subprocess.Process, grace: float) -> None:
         _signal_group(process.pid, signal.SIGKILL)
     if process.returncode is None:
         await process.wait()
+
+
+async def _end_escapees(mark: str, name: str, emit: Callable[[str], None]) -> None:
+    """Kill what the process left running outside its group, and say so in the run's log."""
+    killed = await asyncio.shield(asyncio.to_thread(kill_marked, mark))
+    if killed:
+        emit(
+            f"[agent] stopped {killed} process{'es' if killed > 1 else ''} that {name}"
+            " left running outside its process group"
+        )
+
+
+def kill_marked(mark: str, proc: Path = Path("/proc")) -> int:
+    """SIGKILL every process (but this one) whose environment carries ``mark``; return how many.
+
+    Scans until a scan finds none (at most :data:`_MAX_SCANS`), for a process
+    that forks while its kin are killed. Processes whose environment this one
+    may not read (another user's) are passed over; without ``/proc``, none is
+    found.
+    """
+    needle = f"{MARK_VARIABLE}={mark}".encode()
+    killed: set[int] = set()
+    for _ in range(_MAX_SCANS):
+        found = [pid for pid in _pids(proc) if needle in _environment(proc / str(pid))]
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+        if not found:
+            break
+    return len(killed)
+
+
+def _pids(proc: Path) -> list[int]:
+    me = os.getpid()
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return []
+    return [int(name) for name in names if name.isdigit() and int(name) != me]
+
+
+def _environment(process: Path) -> list[bytes]:
+    try:
+        return (process / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:
