@@ -7,14 +7,18 @@ import io
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from tests.fakebin.support import Harness, harness
 from tests.support import until
-from tunnel_agent.executors.gateway import MAX_REQUEST_BODY, refusal
+from tunnel_agent.executors import gateway
+from tunnel_agent.executors.gateway import MAX_REQUEST_BODY, CommandsGateway, refusal
+from tunnel_agent.kubeapi import KubeApi
 
 OWN = "tunnel-agent"
 
@@ -211,3 +215,91 @@ def test_the_rule_a_commands_request_keeps(
 def test_without_an_own_namespace_only_the_rest_of_the_rule_applies() -> None:
     assert refusal("GET", f"/api/v1/namespaces/{OWN}/secrets/x", {}, None) is None
     assert refusal("GET", "/api/v1/secrets", {}, None) is not None
+
+
+async def test_requests_in_progress_end_with_their_kubeconfig(
+    h: Harness, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """A child that outlives helm with its socket cannot keep a watch the token no longer allows."""
+    async with h.gateway.kubeconfig(tmp_path, own_namespace=OWN, label="test") as kubeconfig:
+        helm = Helm(kubeconfig, http)
+        watch = await http.get(
+            helm.server + "/api/v1/namespaces/web/configmaps?watch=1",
+            headers={"Authorization": f"Bearer {helm.token}"},
+        )
+        assert watch.status == 200
+        await until(lambda: h.stub.store.watcher_count == 1, max_turns=10**6)
+    try:
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await asyncio.wait_for(watch.content.read(), 10)
+    finally:
+        watch.release()
+    await until(lambda: h.stub.store.watcher_count == 0, max_turns=10**6)
+
+
+async def test_requests_in_progress_are_bounded_per_process(
+    h: Harness, tmp_path: Path, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gateway, "MAX_REQUESTS_PER_PROCESS", 1)
+    async with h.gateway.kubeconfig(tmp_path, own_namespace=OWN, label="test") as kubeconfig:
+        helm = Helm(kubeconfig, http)
+        async with http.get(
+            helm.server + "/api/v1/namespaces/web/configmaps?watch=1",
+            headers={"Authorization": f"Bearer {helm.token}"},
+        ) as watch:
+            assert watch.status == 200
+            status, answer = await helm.call("GET", "/api/v1/namespaces/web/configmaps")
+            assert (status, answer["reason"]) == (429, "TooManyRequests")
+        await until(lambda: h.stub.store.watcher_count == 0, max_turns=10**6)
+        assert (await helm.call("GET", "/api/v1/namespaces/web/configmaps"))[0] == 200
+
+
+class _Configuration(SimpleNamespace):
+    """The part of a kubernetes_asyncio Configuration that KubeApi reads."""
+
+    async def auth_settings(self) -> dict[str, Any]:
+        return {"BearerToken": {"value": "Bearer the-agents-token"}}
+
+
+async def test_an_answer_that_breaks_off_reaches_helm_broken_not_complete(tmp_path: Path) -> None:
+    async def breaks_off(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Length": "1000"})
+        await response.prepare(request)
+        await response.write(b'{"kind":"List","items":[')
+        assert request.transport is not None
+        request.transport.close()  # the API server restarts mid-answer
+        return response
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", breaks_off)
+    upstream = web.AppRunner(app, access_log=None)
+    await upstream.setup()
+    await web.TCPSite(upstream, "127.0.0.1", 0).start()
+    port = upstream.addresses[0][1]
+    kube = KubeApi(
+        _Configuration(
+            host=f"http://127.0.0.1:{port}",
+            verify_ssl=True,
+            ssl_ca_cert=None,
+            cert_file=None,
+            key_file=None,
+        )
+    )
+    gateway_ = CommandsGateway(kube)
+    try:
+        async with (
+            gateway_.kubeconfig(tmp_path, own_namespace=OWN, label="test") as kubeconfig,
+            aiohttp.ClientSession() as http,
+        ):
+            helm = Helm(kubeconfig, http)
+            async with http.get(
+                helm.server + "/api/v1/namespaces/web/configmaps",
+                headers={"Authorization": f"Bearer {helm.token}"},
+            ) as response:
+                assert response.status == 200
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await asyncio.wait_for(response.read(), 10)
+    finally:
+        await gateway_.close()
+        await kube.close()
+        await upstream.cleanup()

@@ -33,7 +33,7 @@ import json
 import logging
 import secrets
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -54,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 #: The largest request body relayed (the API server's own limit is 3 MiB).
 MAX_REQUEST_BODY = 4 * 1024 * 1024
+#: Requests one helm process may have in progress (helm --wait watches a few kinds at once).
+MAX_REQUESTS_PER_PROCESS = 64
 
 #: Request headers not relayed: the connection's own, and the credentials, which the agent sets.
 _NOT_RELAYED = frozenset({*HOP_BY_HOP, "host", "authorization", "content-length"})
@@ -89,10 +91,11 @@ def refusal(
 
 @dataclass(frozen=True, slots=True)
 class _Grant:
-    """What one helm process may reach."""
+    """What one helm process may reach, and its requests in progress."""
 
     own_namespace: str | None
     label: str
+    requests: set[asyncio.Task[object]] = field(default_factory=set)
 
 
 class CommandsGateway:
@@ -124,8 +127,11 @@ class CommandsGateway:
             create_private_file(path, json.dumps(_kubeconfig(self._url, token)).encode())
             yield path
         finally:
-            del self._grants[key]
+            grant = self._grants.pop(key)
             path.unlink(missing_ok=True)
+            # What a descendant still has in progress ends with the grant.
+            for task in grant.requests:
+                task.cancel()
 
     @property
     def grants(self) -> int:
@@ -175,6 +181,21 @@ class CommandsGateway:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _status(413, "RequestEntityTooLarge", "the request body is over 4 MiB")
+        if len(grant.requests) >= MAX_REQUESTS_PER_PROCESS:
+            return _status(
+                429,
+                "TooManyRequests",
+                f"a command may have {MAX_REQUESTS_PER_PROCESS} requests in progress at most",
+            )
+        task = asyncio.current_task()
+        assert task is not None
+        grant.requests.add(task)
+        try:
+            return await self._relay(request, target, body)
+        finally:
+            grant.requests.discard(task)
+
+    async def _relay(self, request: web.Request, target: str, body: bytes) -> web.StreamResponse:
         headers = {
             name: value
             for name, value in request.headers.items()
@@ -205,8 +226,17 @@ async def _relay_answer(
         if name.lower() not in HOP_BY_HOP and name.lower() != "content-length":
             response.headers.add(name, value)
     await response.prepare(request)
-    async for chunk in upstream.content.iter_any():
-        await response.write(chunk)  # a watch's events as they come
+    try:
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)  # a watch's events as they come
+    except (aiohttp.ClientError, OSError) as exc:
+        # The head is out: no other answer can follow it. Cut the connection
+        # without the body's last chunk, so that helm sees the answer broken
+        # rather than complete (a watch is then started again).
+        logger.warning("the API server's answer broke off: %s", exc)
+        if request.transport is not None:
+            request.transport.abort()
+        return response
     await response.write_eof()
     return response
 
