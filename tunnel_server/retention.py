@@ -8,9 +8,10 @@ deletes, once at start and then hourly, the audit events older than
 or running is never deleted, however old.
 
 Deletion goes in batches of :data:`~tunnel_server.store.commands.PRUNE_BATCH`
-rows, one transaction each, so that a first pruning after a long time (or a
-shortened retention) does not hold the database thread for seconds while
-agents, callers and the audit wait for it. SQLite keeps the freed pages and
+rows (a command's log lines first, then the commands), one transaction each,
+so that a first pruning after a long time (or a shortened retention) does not
+hold the database thread for seconds while agents, callers and the audit wait
+for it. SQLite keeps the freed pages and
 reuses them: the file stops growing, it does not shrink.
 """
 
@@ -43,6 +44,7 @@ class Pruned:
 
     audit_events: int
     commands: int
+    command_log_lines: int
 
 
 class Pruner:
@@ -74,10 +76,11 @@ class Pruner:
         """Delete, now, everything past its retention; say how much."""
         now = self._clock()
         audit = await self._in_batches(self._store.delete_audit_before, now - self._audit_retention)
-        commands = await self._in_batches(
-            self._store.delete_finished_commands, now - self._command_retention
-        )
-        return Pruned(audit_events=audit, commands=commands)
+        cutoff = now - self._command_retention
+        # Logs first, in batches of lines: a command may have tens of thousands.
+        lines = await self._in_batches(self._store.delete_finished_command_logs, cutoff)
+        commands = await self._in_batches(self._store.delete_finished_commands, cutoff)
+        return Pruned(audit_events=audit, commands=commands, command_log_lines=lines)
 
     async def _in_batches(
         self, delete: Callable[[datetime, int], Awaitable[int]], before: datetime
@@ -105,11 +108,15 @@ class Pruner:
                 pruned = await self.prune()
             except StoreError as exc:
                 logger.error("cannot prune the store: %s (trying again at the next pruning)", exc)
+            except Exception:
+                logger.exception("pruning failed (trying again at the next pruning)")
             else:
-                if pruned.audit_events or pruned.commands:
+                if pruned.audit_events or pruned.commands or pruned.command_log_lines:
                     logger.info(
-                        "pruned %d audit events and %d finished commands past their retention",
+                        "pruned %d audit events, and %d finished commands with %d log lines,"
+                        " past their retention",
                         pruned.audit_events,
                         pruned.commands,
+                        pruned.command_log_lines,
                     )
             await asyncio.sleep(self._interval)

@@ -140,12 +140,12 @@ async def test_the_pruner_deletes_in_batches_until_nothing_is_past_retention(
         clock=lambda: NOW,
     )
 
-    assert await pruner.prune() == Pruned(audit_events=5, commands=5)
+    assert await pruner.prune() == Pruned(audit_events=5, commands=5, command_log_lines=10)
 
     assert calls == [2, 2, 1]
     assert [c.id for c in await store.list_commands()] == ["young"]
     assert await store.list_audit() == [kept]
-    assert await pruner.prune() == Pruned(audit_events=0, commands=0)
+    assert await pruner.prune() == Pruned(audit_events=0, commands=0, command_log_lines=0)
 
 
 class FailingOnceStore(SqliteStore):
@@ -180,7 +180,8 @@ async def test_the_running_pruner_starts_at_once_and_outlives_a_failure(
                 # The next pruning has begun: the one before it has logged what it did.
                 assert await asyncio.wait_for(store.pruned.get(), 10) == 0
         assert "cannot prune the store: cannot write the state database" in caplog.text
-        assert "pruned 0 audit events and 1 finished commands" in caplog.text
+        # Its log went in the pruning that failed after it (logs go first).
+        assert "pruned 0 audit events, and 1 finished commands with 0 log lines" in caplog.text
         assert await store.list_commands() == []
     finally:
         await store.close()
@@ -191,3 +192,40 @@ def test_a_retention_under_an_hour_is_refused(store: SqliteStore) -> None:
         Pruner(store, audit_retention=timedelta(minutes=59), command_retention=DAY)
     with pytest.raises(ValueError, match="command retention must be at least 1:00:00"):
         Pruner(store, audit_retention=DAY, command_retention=timedelta(0))
+
+
+async def test_a_long_log_goes_in_batches_of_lines_before_its_command(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    """One command's log may hold tens of thousands of lines: no one transaction takes them all."""
+    await submitted(store, "chatty", NOW - 40 * DAY)
+    await store.mark_delivered("chatty", 1, NOW - 40 * DAY, NOW)
+    await store.append_command_log("chatty", 1, [f"line {i}" for i in range(25)], NOW, 1 << 20)
+    await store.finish_command("chatty", 1, "succeeded", {}, None, NOW - 40 * DAY)
+    batches: list[int] = []
+    deleting = store.delete_finished_command_logs
+
+    async def counted(before: datetime, limit: int = 1000) -> int:
+        deleted = await deleting(before, limit)
+        batches.append(deleted)
+        return deleted
+
+    store.delete_finished_command_logs = counted  # type: ignore[method-assign]
+    pruner = Pruner(
+        store, audit_retention=DAY, command_retention=30 * DAY, batch=10, clock=lambda: NOW
+    )
+    assert await pruner.prune() == Pruned(audit_events=0, commands=1, command_log_lines=25)
+    assert batches == [10, 10, 5]
+    assert await log_rows(store, tmp_path / "state.db") == 0
+
+
+async def test_empty_log_lines_count_against_the_cap(store: SqliteStore) -> None:
+    await submitted(store, "blank", NOW)
+    await store.mark_delivered("blank", 1, NOW, NOW + DAY)
+    kept = await store.append_command_log("blank", 1, [""] * 100, NOW, cap=10)
+    assert kept == 10
+    record = await store.get_command("blank")
+    assert (record.log_bytes, record.log_truncated) == (10, True)
+    lines = await store.command_log("blank")
+    assert len(lines) == 11  # ten empty lines and the note that the rest was cut
+    assert "log truncated" in lines[-1].text

@@ -71,16 +71,21 @@ async def test_a_full_database_is_reported_until_a_write_succeeds_again(
     await store.health()
 
 
-async def test_reads_do_not_clear_a_failure_and_a_committed_write_does(
-    store: SqliteStore,
-) -> None:
+async def test_only_a_write_that_needs_room_clears_a_failure(store: SqliteStore) -> None:
+    """An update in place succeeds on a full disk while every insert fails: it proves nothing."""
+    await store.add_cluster("prod", NOW)
     await cap_pages(store, None)
     await fill(store)
     await store.list_audit()
+    await store.touch_cluster("prod", NOW)  # an agent's heartbeat: rewrites a row in place
     assert failure(store) is not None
+    with pytest.raises(StoreError, match="cannot be written"):
+        await store.health()
 
     await cap_pages(store, 1_000_000)
     await store.add_user("ann", (), False, NOW)
+    assert failure(store) is not None  # until the probe has written
+    await store.health()
     assert failure(store) is None
 
 

@@ -347,7 +347,7 @@ class Store(CommandStore):
     @property
     @abc.abstractmethod
     def write_failure(self) -> str | None:
-        """Why the last write failed (disk full, I/O error), while none has succeeded since."""
+        """Why a write failed (disk full, I/O error), until :meth:`health` finds room again."""
 
     @abc.abstractmethod
     async def health(self) -> None:

@@ -190,8 +190,18 @@ class CommandStore(abc.ABC):
         (and every active one, however old)."""
 
     @abc.abstractmethod
+    async def delete_finished_command_logs(self, before: datetime, limit: int = PRUNE_BATCH) -> int:
+        """Delete at most ``limit`` log lines of commands that finished before ``before``.
+
+        Returns how many it deleted: fewer than ``limit`` means none is left.
+        A command's log can hold tens of thousands of lines: they go in batches
+        of their own before :meth:`delete_finished_commands`.
+        """
+
+    @abc.abstractmethod
     async def delete_finished_commands(self, before: datetime, limit: int = PRUNE_BATCH) -> int:
-        """Delete at most ``limit`` commands that finished before ``before``, with their logs.
+        """Delete at most ``limit`` commands that finished before ``before``, with what is left
+        of their logs.
 
         Oldest first; a command that has not finished is never deleted.
         Returns how many it deleted: fewer than ``limit`` means none is left.

@@ -142,9 +142,16 @@ class SqliteStore(Store):
         if self._worker.write_failure is None:
             await self._run(sqlite_schema.current_version)
             return
-        # A write failed, and none has succeeded since: see whether one would now.
+        # A write failed: see whether one that needs room of its own would now.
+        worker = self._worker
+
+        def probe(db: sqlite3.Connection) -> None:
+            sqlite_schema.probe_write(db)
+            # On the database thread: a batch whose COMMIT fails after this sets it again.
+            worker.write_failure = None
+
         try:
-            await self._run(sqlite_schema.probe_write)
+            await self._run(probe)
         except StoreError as exc:
             reason = exc.__cause__ or exc
             raise StoreError(
@@ -329,6 +336,9 @@ class SqliteStore(Store):
 
     async def count_commands(self, since: datetime) -> dict[str, int]:
         return await self._run(cmd_ops.count_commands, since)
+
+    async def delete_finished_command_logs(self, before: datetime, limit: int = PRUNE_BATCH) -> int:
+        return await self._run(cmd_ops.delete_finished_command_logs, before, limit)
 
     async def delete_finished_commands(self, before: datetime, limit: int = PRUNE_BATCH) -> int:
         return await self._run(cmd_ops.delete_finished_commands, before, limit)

@@ -26,6 +26,7 @@ __all__ = [
     "append_command_log",
     "command_log",
     "count_commands",
+    "delete_finished_command_logs",
     "delete_finished_commands",
     "extend_lease",
     "finish_command",
@@ -330,7 +331,8 @@ def append_command_log(
         if truncated:
             return 0
         for line in lines:
-            size = len(line.encode())
+            # The line and its end: empty lines are rows too, and count.
+            size = len(line.encode()) + 1
             if used + size > cap:
                 db.execute(
                     "INSERT INTO command_logs (command_id, attempt, time, text)"
@@ -376,8 +378,19 @@ def command_log(
     ]
 
 
+def delete_finished_command_logs(db: sqlite3.Connection, before: datetime, limit: int) -> int:
+    """See :meth:`CommandStore.delete_finished_command_logs`."""
+    with transaction(db):
+        return db.execute(
+            "DELETE FROM command_logs WHERE seq IN (SELECT seq FROM command_logs"
+            " WHERE command_id IN (SELECT id FROM commands WHERE finished_at < ?"
+            " AND state NOT IN ('pending', 'delivered', 'running')) LIMIT ?)",
+            (encode_time(before), limit),
+        ).rowcount
+
+
 def delete_finished_commands(db: sqlite3.Connection, before: datetime, limit: int) -> int:
-    """See :meth:`CommandStore.delete_finished_commands` (logs go by ``ON DELETE CASCADE``)."""
+    """See :meth:`CommandStore.delete_finished_commands` (logs left go by ``ON DELETE CASCADE``)."""
     with transaction(db):
         return db.execute(
             "DELETE FROM commands WHERE id IN (SELECT id FROM commands WHERE finished_at < ?"

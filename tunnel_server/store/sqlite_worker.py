@@ -20,8 +20,10 @@ itself (disk full, an I/O error), every caller of that batch gets that error.
 
 The worker also remembers whether the database can be written
 (:attr:`DatabaseWorker.write_failure`): set by an error that says it cannot
-(disk full, an I/O error, a read-only file), cleared by the next batch that
-commits a change. The server's ``/readyz`` reports it.
+(disk full, an I/O error, a read-only file), and cleared only by a write that
+needs room of its own (``SqliteStore.health``'s probe): an update in place
+can succeed on a full disk while every insert fails. The server's ``/readyz``
+reports it.
 """
 
 from __future__ import annotations
@@ -108,7 +110,6 @@ class DatabaseWorker:
                         return
                     count = min(len(self._queue), MAX_BATCH)
                     batch = [self._queue.popleft() for _ in range(count)]
-                changes = self._db.total_changes
                 try:
                     outcomes = self._run_batch(batch)
                 except Exception as exc:  # noqa: BLE001 - the batch failed whole: to its callers
@@ -116,7 +117,9 @@ class DatabaseWorker:
                     self._note_failure(exc)
                     outcomes = [(future, None, self._batch_error(exc)) for _, future in batch]
                 else:
-                    self._note_outcomes(outcomes, changes)
+                    for _, _, error in outcomes:
+                        if error is not None:
+                            self._note_failure(error.__cause__ or error)
                 batch = []
                 _settle(outcomes)
         except BaseException:
@@ -179,22 +182,12 @@ class DatabaseWorker:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
 
-    def _note_failure(self, exc: BaseException | None) -> bool:
-        """Remember ``exc`` if it says the database cannot be written; say whether it did."""
+    def _note_failure(self, exc: BaseException | None) -> None:
+        """Remember ``exc`` if it says the database cannot be written."""
         if isinstance(exc, sqlite3.Error):
             code = getattr(exc, "sqlite_errorcode", 0)
             if code & 0xFF in _CANNOT_WRITE:
                 self.write_failure = str(exc) or getattr(exc, "sqlite_errorname", "")
-                return True
-        return False
-
-    def _note_outcomes(self, outcomes: list[_Outcome], changes: int) -> None:
-        """After a batch that committed: a failure to write, or a change written."""
-        for _, _, error in outcomes:
-            if error is not None and self._note_failure(error.__cause__ or error):
-                return
-        if self.write_failure is not None and self._db.total_changes > changes:
-            self.write_failure = None
 
     def _caller_error(self, exc: Exception) -> BaseException:
         """The error one caller receives for its own operation's failure."""
