@@ -37,6 +37,8 @@ async def test_readyz_fails_while_the_store_cannot_write_and_recovers_by_itself(
 ) -> None:
     store = server.context.store
     assert isinstance(store, SqliteStore)
+    now = [1000.0]
+    store.clock = lambda: now[0]  # probes are a second apart at least
     assert (await readyz(server))[:2] == (200, {"status": "ready"})
     await cap_pages(store, None)
 
@@ -61,5 +63,6 @@ async def test_readyz_fails_while_the_store_cannot_write_and_recovers_by_itself(
     assert (await server_metrics(server))[("tunnel_server_store_write_failing", ())] == 1
 
     await cap_pages(store, 1_000_000)  # space freed: no write needed to notice
+    now[0] += 1.0
     assert (await readyz(server))[:2] == (200, {"status": "ready"})
     assert (await server_metrics(server))[("tunnel_server_store_write_failing", ())] == 0

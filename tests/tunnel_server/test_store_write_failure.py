@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tunnel_server.store import AuditEvent, SqliteStore, StoreError
+from tunnel_server.store import AuditEvent, SqliteStore, StoreError, sqlite, sqlite_schema
+from tunnel_server.store.sqlite import PROBE_SPACING
 
 NOW = datetime(2026, 5, 1, tzinfo=UTC)
 BIG = {"note": "x" * 16_000}
@@ -51,8 +52,9 @@ async def fill(store: SqliteStore) -> StoreError:
 
 
 async def test_a_full_database_is_reported_until_a_write_succeeds_again(
-    store: SqliteStore,
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(sqlite, "PROBE_SPACING", 0.0)
     await store.health()
     assert failure(store) is None
     await cap_pages(store, None)
@@ -71,8 +73,11 @@ async def test_a_full_database_is_reported_until_a_write_succeeds_again(
     await store.health()
 
 
-async def test_only_a_write_that_needs_room_clears_a_failure(store: SqliteStore) -> None:
+async def test_only_a_write_that_needs_room_clears_a_failure(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An update in place succeeds on a full disk while every insert fails: it proves nothing."""
+    monkeypatch.setattr(sqlite, "PROBE_SPACING", 0.0)
     await store.add_cluster("prod", NOW)
     await cap_pages(store, None)
     await fill(store)
@@ -97,3 +102,31 @@ async def test_errors_that_are_not_about_writing_leave_the_store_writable(
         await store.add_user("ann", (), False, NOW)
     assert failure(store) is None
     await store.health()
+
+
+async def test_a_failing_store_is_probed_at_most_once_a_second(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/readyz answers anyone: asking it again and again must not make the store write."""
+    probes: list[int] = []
+    probe_write = sqlite_schema.probe_write
+
+    def counted(db: sqlite3.Connection) -> None:
+        probes.append(1)
+        probe_write(db)
+
+    monkeypatch.setattr(sqlite_schema, "probe_write", counted)
+    now = [1000.0]
+    store.clock = lambda: now[0]
+    await cap_pages(store, None)
+    await fill(store)
+    for _ in range(5):
+        with pytest.raises(StoreError, match="cannot be written"):
+            await store.health()
+    assert len(probes) == 1
+
+    now[0] += PROBE_SPACING
+    await cap_pages(store, 1_000_000)
+    await store.health()
+    assert len(probes) == 2
+    assert failure(store) is None

@@ -19,6 +19,7 @@ import sqlite3
 import stat
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -64,6 +65,9 @@ T = TypeVar("T")
 
 DEFAULT_BUSY_TIMEOUT = 5.0
 """Seconds a statement waits for a lock held by another process before failing."""
+PROBE_SPACING = 1.0
+"""Seconds between probe writes of a store that cannot write (``health``): /readyz
+answers anyone who asks, and each asking would otherwise write."""
 THREAD_NICENESS = 10
 """How much lower the database thread's CPU priority is than the process's (nice
 values: 10 weighs about a tenth of 0 when both want a core)."""
@@ -81,6 +85,10 @@ class SqliteStore(Store):
         self._worker = DatabaseWorker(executor, connection, _translate)
         self._db = connection  # touched only on the executor's thread
         self._closed = False
+        #: When a failing store was last probed (on ``clock``), and why the probe failed.
+        self.clock: Callable[[], float] = time.monotonic
+        self._probed_at = float("-inf")
+        self._probe_failure: str | None = None
 
     @classmethod
     async def open(
@@ -142,7 +150,12 @@ class SqliteStore(Store):
         if self._worker.write_failure is None:
             await self._run(sqlite_schema.current_version)
             return
-        # A write failed: see whether one that needs room of its own would now.
+        # A write failed: see whether one that needs room of its own would now,
+        # at most once per PROBE_SPACING (/readyz answers anyone who asks).
+        now = self.clock()
+        if self._probe_failure is not None and now - self._probed_at < PROBE_SPACING:
+            raise StoreError(self._probe_failure)
+        self._probed_at = now
         worker = self._worker
 
         def probe(db: sqlite3.Connection) -> None:
@@ -153,11 +166,12 @@ class SqliteStore(Store):
         try:
             await self._run(probe)
         except StoreError as exc:
-            reason = exc.__cause__ or exc
-            raise StoreError(
-                f"the state database cannot be written ({reason}):"
+            self._probe_failure = (
+                f"the state database cannot be written ({exc.__cause__ or exc}):"
                 " free space on its volume, or make it writable"
-            ) from exc
+            )
+            raise StoreError(self._probe_failure) from exc
+        self._probe_failure = None
 
     async def schema_version(self) -> int:
         return await self._run(sqlite_schema.current_version)
