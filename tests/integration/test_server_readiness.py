@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 import aiohttp
@@ -10,6 +9,7 @@ import aiohttp
 from tunnel_pki.tls import client_context
 from tunnel_server.store import SqliteStore
 
+from ..tunnel_server.test_store_write_failure import cap_pages
 from .harness import RunningServer
 from .test_observability import server_metrics
 
@@ -20,16 +20,6 @@ async def readyz(server: RunningServer) -> tuple[int, Any, str | None]:
         http.get(server.url + "/readyz", ssl=client_context(server.ca_pem)) as response,
     ):
         return response.status, await response.json(), response.headers.get("Retry-After")
-
-
-async def cap_pages(store: SqliteStore, pages: int | None) -> None:
-    """Let the database grow no more (None) or to ``pages``: SQLITE_FULL, as on a full volume."""
-
-    def cap(db: sqlite3.Connection) -> None:
-        size = pages if pages is not None else db.execute("PRAGMA page_count").fetchone()[0]
-        db.execute(f"PRAGMA max_page_count = {int(size)}")
-
-    await store._run(cap)
 
 
 async def test_readyz_fails_while_the_store_cannot_write_and_recovers_by_itself(

@@ -42,6 +42,10 @@ class Helm:
         self.token = config["users"][0]["user"]["token"]
         self.http = http
 
+    def watch(self, path: str) -> Any:
+        """``async with helm.watch(path) as response``: a GET whose answer streams."""
+        return self.http.get(self.server + path, headers={"Authorization": f"Bearer {self.token}"})
+
     async def call(
         self, method: str, path: str, *, token: str | None = None, **options: Any
     ) -> tuple[int, Any]:
@@ -161,10 +165,7 @@ async def test_a_watch_streams_its_events_as_they_happen(
 ) -> None:
     async with h.gateway.kubeconfig(tmp_path, own_namespace=OWN, label="test") as kubeconfig:
         helm = Helm(kubeconfig, http)
-        async with http.get(
-            helm.server + "/api/v1/namespaces/web/configmaps?watch=1",
-            headers={"Authorization": f"Bearer {helm.token}"},
-        ) as response:
+        async with helm.watch("/api/v1/namespaces/web/configmaps?watch=1") as response:
             assert response.status == 200
             h.stub.add(
                 {
@@ -223,10 +224,7 @@ async def test_requests_in_progress_end_with_their_kubeconfig(
     """A child that outlives helm with its socket cannot keep a watch the token no longer allows."""
     async with h.gateway.kubeconfig(tmp_path, own_namespace=OWN, label="test") as kubeconfig:
         helm = Helm(kubeconfig, http)
-        watch = await http.get(
-            helm.server + "/api/v1/namespaces/web/configmaps?watch=1",
-            headers={"Authorization": f"Bearer {helm.token}"},
-        )
+        watch = await helm.watch("/api/v1/namespaces/web/configmaps?watch=1")
         assert watch.status == 200
         await until(lambda: h.stub.store.watcher_count == 1, max_turns=10**6)
     try:
@@ -243,10 +241,7 @@ async def test_requests_in_progress_are_bounded_per_process(
     monkeypatch.setattr(gateway, "MAX_REQUESTS_PER_PROCESS", 1)
     async with h.gateway.kubeconfig(tmp_path, own_namespace=OWN, label="test") as kubeconfig:
         helm = Helm(kubeconfig, http)
-        async with http.get(
-            helm.server + "/api/v1/namespaces/web/configmaps?watch=1",
-            headers={"Authorization": f"Bearer {helm.token}"},
-        ) as watch:
+        async with helm.watch("/api/v1/namespaces/web/configmaps?watch=1") as watch:
             assert watch.status == 200
             status, answer = await helm.call("GET", "/api/v1/namespaces/web/configmaps")
             assert (status, answer["reason"]) == (429, "TooManyRequests")
@@ -292,10 +287,7 @@ async def test_an_answer_that_breaks_off_reaches_helm_broken_not_complete(tmp_pa
             aiohttp.ClientSession() as http,
         ):
             helm = Helm(kubeconfig, http)
-            async with http.get(
-                helm.server + "/api/v1/namespaces/web/configmaps",
-                headers={"Authorization": f"Bearer {helm.token}"},
-            ) as response:
+            async with helm.watch("/api/v1/namespaces/web/configmaps") as response:
                 assert response.status == 200
                 with pytest.raises(aiohttp.ClientPayloadError):
                     await asyncio.wait_for(response.read(), 10)

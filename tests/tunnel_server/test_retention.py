@@ -42,6 +42,20 @@ async def finished(
     assert await store.finish_command(command_id, 1, state, {}, None, at) is not None
 
 
+def batches_of(store: SqliteStore, deletion: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """What each call of the store's ``deletion`` deletes, in order, from now on."""
+    batches: list[int] = []
+    delete = getattr(store, deletion)
+
+    async def counted(before: datetime, limit: int) -> int:
+        deleted: int = await delete(before, limit)
+        batches.append(deleted)
+        return deleted
+
+    monkeypatch.setattr(store, deletion, counted)
+    return batches
+
+
 async def log_rows(store: SqliteStore, path: Path) -> int:
     with sqlite3.connect(path) as raw:
         return int(raw.execute("SELECT count(*) FROM command_logs").fetchone()[0])
@@ -116,22 +130,14 @@ async def test_the_cutoff_query_uses_an_index(tmp_path: Path, store: SqliteStore
 
 
 async def test_the_pruner_deletes_in_batches_until_nothing_is_past_retention(
-    store: SqliteStore,
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for day in range(5):
         await finished(store, f"old-{day}", NOW - (31 + day) * DAY)
         await store.add_audit(AuditEvent(None, NOW - (91 + day) * DAY, "ann", None, "proxy", "get"))
     await finished(store, "young", NOW - 29 * DAY)
     kept = await store.add_audit(AuditEvent(None, NOW - 89 * DAY, "ann", None, "proxy", "get"))
-    calls: list[int] = []
-    deleting = store.delete_finished_commands
-
-    async def counted(before: datetime, limit: int = 1000) -> int:
-        deleted = await deleting(before, limit)
-        calls.append(deleted)
-        return deleted
-
-    store.delete_finished_commands = counted  # type: ignore[method-assign]
+    calls = batches_of(store, "delete_finished_commands", monkeypatch)
     pruner = Pruner(
         store,
         audit_retention=90 * DAY,
@@ -195,22 +201,14 @@ def test_a_retention_under_an_hour_is_refused(store: SqliteStore) -> None:
 
 
 async def test_a_long_log_goes_in_batches_of_lines_before_its_command(
-    store: SqliteStore, tmp_path: Path
+    store: SqliteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One command's log may hold tens of thousands of lines: no one transaction takes them all."""
     await submitted(store, "chatty", NOW - 40 * DAY)
     await store.mark_delivered("chatty", 1, NOW - 40 * DAY, NOW)
     await store.append_command_log("chatty", 1, [f"line {i}" for i in range(25)], NOW, 1 << 20)
     await store.finish_command("chatty", 1, "succeeded", {}, None, NOW - 40 * DAY)
-    batches: list[int] = []
-    deleting = store.delete_finished_command_logs
-
-    async def counted(before: datetime, limit: int = 1000) -> int:
-        deleted = await deleting(before, limit)
-        batches.append(deleted)
-        return deleted
-
-    store.delete_finished_command_logs = counted  # type: ignore[method-assign]
+    batches = batches_of(store, "delete_finished_command_logs", monkeypatch)
     pruner = Pruner(
         store, audit_retention=DAY, command_retention=30 * DAY, batch=10, clock=lambda: NOW
     )
