@@ -30,9 +30,27 @@ __all__ = ["IDENTITY_PREFIX", "ProxyPolicy", "Refusal"]
 
 IDENTITY_PREFIX = "tunnel:"
 
-#: Requests that only ask the API server about the caller itself.
+#: Requests that only ask the API server about the caller itself: their groups and
+#: resources (cluster-scoped, created by a POST to the collection).
 _SELF_REVIEWS = frozenset(
-    {"selfsubjectaccessreviews", "selfsubjectrulesreviews", "selfsubjectreviews"}
+    {
+        ("authorization.k8s.io", "selfsubjectaccessreviews"),
+        ("authorization.k8s.io", "selfsubjectrulesreviews"),
+        ("authentication.k8s.io", "selfsubjectreviews"),
+    }
+)
+#: Paths outside the API's resources that a namespace-scoped agent serves: discovery,
+#: the OpenAPI documents, the version, health, and the service-account issuer's keys.
+_SCOPED_NON_RESOURCE = (
+    "/api",
+    "/apis",
+    "/version",
+    "/openapi",
+    "/healthz",
+    "/livez",
+    "/readyz",
+    "/.well-known",
+    "/openid",
 )
 
 
@@ -66,18 +84,53 @@ class ProxyPolicy:
             # Classified below as sent, it could name something else to the API server.
             return Refusal(400, "BadRequest", UNPLAIN_PATH)
         request = parse_api_request(head.method, head.path)
-        self_review = request.resource in _SELF_REVIEWS and request.verb == "create"
-        if self.read_only and not (request.is_read or self_review):
-            what = request.subresource or request.verb
-            return _forbidden(f"this agent is read-only: {what} is not allowed")
-        scoped = self.namespaces and request.is_resource and not self_review
-        if scoped and request.namespace not in self.namespaces:
-            scope = ", ".join(sorted(self.namespaces))
-            where = request.namespace or "cluster-wide"
-            return _forbidden(f"this agent serves namespaces {scope} only, not {where} requests")
+        self_review = _is_self_review(request)
+        if self.read_only:
+            if not (request.is_read or self_review):
+                what = request.subresource or request.verb
+                return _forbidden(f"this agent is read-only: {what} is not allowed")
+            if head.upgrade and request.verb != "watch":
+                # An interactive session on a subresource read as a get (a
+                # virtual machine's console, say) is as good as exec.
+                what = request.subresource or request.path
+                return _forbidden(
+                    f"this agent is read-only: an interactive connection to {what[:64]!r}"
+                    " is not allowed"
+                )
+        if self.namespaces and not self_review:
+            refusal = self._out_of_scope(request)
+            if refusal is not None:
+                return refusal
         if request.resource == "secrets" and not request.api_group and not self.allow_secret_values:
             return _secret_names_only(request, head)
         return head
+
+    def _out_of_scope(self, request: ApiRequest) -> Refusal | None:
+        """Why a namespace-scoped agent refuses ``request``, or None."""
+        scope = ", ".join(sorted(self.namespaces))
+        if not request.is_resource:
+            path = request.path.rstrip("/")
+            if any(path == p or path.startswith(p + "/") for p in _SCOPED_NON_RESOURCE):
+                return None
+            # The API server's logs, metrics, profiles: cluster-wide.
+            return _forbidden(
+                f"this agent serves namespaces {scope} only, not {request.path[:64]!r}"
+            )
+        if request.namespace not in self.namespaces:
+            where = request.namespace or "cluster-wide"
+            return _forbidden(f"this agent serves namespaces {scope} only, not {where} requests")
+        return None
+
+
+def _is_self_review(request: ApiRequest) -> bool:
+    """A caller asking about itself: a create in the review's own group, on the collection."""
+    return (
+        request.verb == "create"
+        and (request.api_group, request.resource) in _SELF_REVIEWS
+        and not request.namespace
+        and not request.name
+        and not request.subresource
+    )
 
 
 @functools.lru_cache(maxsize=64)

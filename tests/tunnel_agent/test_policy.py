@@ -73,6 +73,79 @@ def test_namespace_scope_refuses_other_namespaces_and_cluster_wide_requests() ->
         assert "team-a" in refusal.message
 
 
+CONSOLE = "/apis/subresources.kubevirt.io/v1/namespaces/team/virtualmachineinstances/vm/console"
+
+
+def test_read_only_refuses_an_interactive_session_on_a_subresource_read_as_a_get() -> None:
+    """A VM's console is a get to RBAC and an upgrade on the wire: exec by another name."""
+    refusal = ProxyPolicy(read_only=True).check(RequestHead("GET", CONSOLE, ALICE, upgrade=True))
+    assert isinstance(refusal, Refusal)
+    assert refusal.status == 403
+    assert "read-only: an interactive connection to 'console'" in refusal.message
+    writable = RequestHead("GET", CONSOLE, ALICE, upgrade=True)
+    assert ProxyPolicy().check(writable) is writable
+
+
+def test_read_only_lets_a_watch_over_a_websocket_through() -> None:
+    request = RequestHead("GET", "/api/v1/namespaces/team/pods?watch=1", ALICE, upgrade=True)
+    assert ProxyPolicy(read_only=True).check(request) is request
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/apis/evil.example.com/v1/namespaces/kube-system/selfsubjectreviews",
+        "/apis/evil.example.com/v1/selfsubjectaccessreviews",
+        "/apis/authorization.k8s.io/v1/namespaces/kube-system/selfsubjectaccessreviews",
+        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews/x/status",
+    ],
+)
+def test_only_the_real_self_reviews_pass_a_read_only_or_scoped_agent(path: str) -> None:
+    for policy in (ProxyPolicy(read_only=True), ProxyPolicy(namespaces=frozenset({"team"}))):
+        refusal = policy.check(head("POST", path))
+        assert isinstance(refusal, Refusal), (policy, path)
+        assert refusal.status == 403
+
+
+def test_a_scoped_agent_answers_self_reviews_wherever_they_ask_about() -> None:
+    policy = ProxyPolicy(read_only=True, namespaces=frozenset({"team"}))
+    for path in (
+        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+        "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+    ):
+        request = head("POST", path)
+        assert policy.check(request) is request
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api",
+        "/api/v1",
+        "/apis/apps/v1",
+        "/version",
+        "/openapi/v3/apis/apps/v1",
+        "/healthz",
+        "/livez/ping",
+        "/.well-known/openid-configuration",
+        "/openid/v1/jwks",
+    ],
+)
+def test_a_scoped_agent_serves_discovery_version_openapi_and_health(path: str) -> None:
+    request = head("GET", path)
+    assert ProxyPolicy(namespaces=frozenset({"team"})).check(request) is request
+
+
+@pytest.mark.parametrize(
+    "path", ["/logs/kube-apiserver.log", "/metrics", "/debug/pprof/goroutine", "/apiserver", "/"]
+)
+def test_a_scoped_agent_refuses_the_api_servers_own_paths(path: str) -> None:
+    refusal = ProxyPolicy(namespaces=frozenset({"team"})).check(head("GET", path))
+    assert isinstance(refusal, Refusal)
+    assert refusal.message == f"this agent serves namespaces team only, not {path!r}"
+
+
 SECRETS = "/api/v1/namespaces/default/secrets"
 #: What kubectl get sends: Tables first, plain JSON as a fallback.
 KUBECTL_ACCEPT = (
