@@ -12,7 +12,7 @@ from .eventloop import EVENT_LOOPS, loop_factory, run_main
 from .flags import FlagError, describe_duration, env_flag, parse_duration
 from .logs import configure_logging
 from .memory import freeze_startup_objects
-from .text import printable
+from .text import printable, printable_line
 
 __all__ = [
     "EVENT_LOOPS",
@@ -24,5 +24,6 @@ __all__ = [
     "loop_factory",
     "parse_duration",
     "printable",
+    "printable_line",
     "run_main",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["printable"]
+__all__ = ["printable", "printable_line"]
 
 
 def printable(text: str) -> str:
@@ -12,3 +12,15 @@ def printable(text: str) -> str:
     anything a server returns) must not draw lines or rows of its own.
     """
     return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
+
+
+def printable_line(text: str) -> str:
+    """A log line from outside as :func:`printable` makes it, tabs kept.
+
+    A command's log comes from tools in the cluster (and a chart's or a
+    module's own output): an escape sequence in it must not move the cursor,
+    retitle the terminal or write to its clipboard.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\t" else "?" for c in text)

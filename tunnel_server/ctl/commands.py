@@ -11,6 +11,8 @@ from urllib.parse import urlencode
 
 import yaml
 
+from tunnel_cli import printable, printable_line
+
 from .client import ApiClient, CtlError, segment
 from .common import Subparsers, output_flag
 from .output import print_json, print_table
@@ -122,10 +124,11 @@ def show_command(client: ApiClient, args: argparse.Namespace) -> int:
             "finished_at",
             "error",
         ):
-            print(f"{key + ':':<13} {command.get(key) if command.get(key) is not None else '-'}")
+            value = command.get(key)
+            print(f"{key + ':':<13} {'-' if value is None else printable(str(value))}")
         result = command.get("result") or {}
         if result.get("outputs"):
-            print(f"{'outputs:':<13} {', '.join(result['outputs'])} (values stay in the cluster)")
+            print(f"{'outputs:':<13} {_names(result['outputs'])} (values stay in the cluster)")
         if result.get("summary"):
             print("summary:")
             print(json.dumps(result["summary"], indent=2))
@@ -153,7 +156,7 @@ def command_logs(client: ApiClient, args: argparse.Namespace) -> int:
     final = None
     for record in client.records(f"/api/v1/commands/{segment(args.id)}/logs?after=0{follow}"):
         if "text" in record:
-            print(record["text"], flush=True)
+            print(printable_line(str(record["text"])), flush=True)
         elif "command" in record:
             final = record["command"]
     return 0 if final is None or not args.follow or final["state"] == _FINAL_OK else 1
@@ -163,7 +166,7 @@ def _follow(client: ApiClient, command_id: str, output: str) -> int:
     final: dict[str, Any] | None = None
     for record in client.records(f"/api/v1/commands/{segment(command_id)}/logs?follow=1"):
         if "text" in record:
-            print(record["text"], flush=True)
+            print(printable_line(str(record["text"])), flush=True)
         elif "command" in record:
             final = record["command"]
     if final is None:
@@ -172,14 +175,19 @@ def _follow(client: ApiClient, command_id: str, output: str) -> int:
         print_json(final)
     else:
         outcome = final["state"]
-        detail = f": {final['error']}" if final.get("error") else ""
+        detail = f": {printable(str(final['error']))}" if final.get("error") else ""
         result = final.get("result") or {}
         if result.get("summary"):
             print(json.dumps(result["summary"], indent=2))
         if result.get("outputs"):
-            print(f"outputs (kept in the cluster): {', '.join(result['outputs'])}")
+            print(f"outputs (kept in the cluster): {_names(result['outputs'])}")
         print(f"# command {command_id} {outcome}{detail}", file=sys.stderr)
     return 0 if final["state"] == _FINAL_OK else 1
+
+
+def _names(names: list[Any]) -> str:
+    """Output names as the agent gave them, safe to print."""
+    return printable(", ".join(str(name) for name in names))
 
 
 def _load_spec(path: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from protocol.errors import TunnelError
-from tunnel_cli import env_flag
+from tunnel_cli import env_flag, printable
 from tunnel_pki.errors import PkiError
 from tunnel_pki.tls import client_context
 
@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         run: Command = args.run
         return run(client, args)
     except TunnelError as exc:
-        print(f"tunnelctl: {exc}", file=sys.stderr)
+        # The message may quote what the server or an agent said: one line, no escapes.
+        print(f"tunnelctl: {printable(str(exc))}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # Output piped to a command that stopped reading (e.g. head).
