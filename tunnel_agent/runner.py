@@ -396,6 +396,10 @@ class CommandRunner:
             if job.task is not None and not job.task.done():
                 job.cancel_requested = True
                 job.task.cancel()
+            elif job.state == "queued":
+                # Still waiting in the queue: the worker skips what is not queued.
+                job.cancel_requested = True
+                job.state = "finished"
         self.jobs.pop(job.key, None)
         self.journal.acknowledged(job.id, job.attempt)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +57,30 @@ def test_log_lines_gathered_past_a_records_size_go_in_several_records() -> None:
     assert [line for batch in batches for line in batch] == lines  # all, in order
     for batch in batches:
         assert len(encode_record({"event": "log", "lines": batch})) <= MAX_RECORD
+
+
+async def test_an_attempt_found_stale_while_queued_never_runs(tmp_path: Path) -> None:
+    """The server wrote the attempt off (its lease lapsed) while it waited in the agent's queue."""
+    ran: list[str] = []
+    last_done = asyncio.Event()
+
+    async def execute(spec: dict[str, Any], context: JobContext) -> dict[str, Any]:
+        ran.append(context.command_id)
+        if context.command_id == "after":
+            last_done.set()
+        return {"outcome": "succeeded", "summary": {}}
+
+    runner = CommandRunner(execute, lambda spec: None, Journal(DirectoryCredentialStore(tmp_path)))
+    stale = Job("stale", 1, "query", "q", {}, 60.0)
+    after = Job("after", 1, "query", "q", {}, 60.0)
+    for job in (stale, after):
+        runner.jobs[job.key] = job
+        runner._queue.put_nowait(job)
+    runner._acknowledged(stale, {"stale": "this attempt is no longer current"})
+    worker = asyncio.create_task(runner.run())
+    try:
+        await asyncio.wait_for(last_done.wait(), 30)
+    finally:
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+    assert ran == ["after"]

@@ -234,7 +234,11 @@ class CommandDispatcher:
         reason = str(answer.get("reason", ""))[:500]
         if answer.get("accepted") is True or reason == "duplicate":
             delivered = await self.store.mark_delivered(record.id, attempt, now, lease)
-            if delivered is not None:
+            if delivered is None:
+                # Cancelled (or otherwise moved on) while the agent was
+                # accepting: it holds an attempt nobody wants any more.
+                _cancel_attempt(agent, record.id, attempt)
+            else:
                 self._changed(record.id)
                 if delivered.cancel_requested:
                     self._send_cancel(delivered)
@@ -390,10 +394,7 @@ class CommandDispatcher:
         agent = self.registry.get(record.cluster)
         if agent is None:
             return  # sent again when the agent resumes its report
-        with contextlib.suppress(SessionError, LocalProtocolError):
-            agent.session.send_message(
-                kinds.MESSAGE_COMMAND_CANCEL, {"id": record.id, "attempt": record.attempt}
-            )
+        _cancel_attempt(agent, record.id, record.attempt)
 
     def _changed(self, command_id: str) -> None:
         event = self._changes.pop(command_id, None)
@@ -437,3 +438,11 @@ async def _reply(stream: MuxStream, record: dict[str, Any]) -> None:
     with contextlib.suppress(SessionError):
         await stream.write(encode_record(record))
         stream.end()
+
+
+def _cancel_attempt(agent: AgentConnection, command_id: str, attempt: int) -> None:
+    """Ask ``agent`` to stop ``attempt`` of the command, if its session still takes messages."""
+    with contextlib.suppress(SessionError, LocalProtocolError):
+        agent.session.send_message(
+            kinds.MESSAGE_COMMAND_CANCEL, {"id": command_id, "attempt": attempt}
+        )
