@@ -116,3 +116,20 @@ class _Parser:
         args: argparse.Namespace = self._parse(argv)
         args.run = self._run
         return args
+
+
+class EndedClient(FakeClient):
+    """A server that could not go on with the log: keepalives, then an error record."""
+
+    def records(self, path: str) -> Iterator[dict[str, Any]]:
+        yield {"text": "one"}
+        yield {"keepalive": True}
+        yield {"error": "command c-1 was deleted while being read (its retention passed)"}
+
+
+def test_a_log_the_server_cannot_go_on_with_ends_in_an_error_naming_why(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(CtlError, match="deleted while being read"):
+        command_logs(EndedClient(), argparse.Namespace(id="c-1", follow=True))  # type: ignore[arg-type]
+    assert capsys.readouterr().out == "one\n"  # the keepalive prints nothing

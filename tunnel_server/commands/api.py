@@ -20,13 +20,16 @@ from ..auth import authenticate, confirm
 from ..context import CONTEXT, ServerContext
 from ..errors import BadRequestError, ForbiddenError
 from ..httpjson import json_response, read_body, timestamp
-from ..store.base import User
+from ..store.base import NotFoundError, StoreError, User
 from ..store.commands import CommandRecord
+from .dispatcher import wait_for_change
 from .specs import SpecError, spec_facts
 
 __all__ = ["setup_command_api"]
 
 MAX_SPEC_BODY = 1024 * 1024
+#: Seconds a follow waits for a change before it sends a keepalive record.
+FOLLOW_PATIENCE = 15.0
 _STATES = (
     "pending",
     "delivered",
@@ -101,20 +104,47 @@ async def cancel_command(request: web.Request) -> web.Response:
 
 
 async def command_logs(request: web.Request) -> web.StreamResponse:
-    """Log lines as JSON records; with ``follow=1``, until the command finishes."""
+    """Log lines as JSON records; with ``follow=1``, until the command finishes.
+
+    A follow sends ``{"keepalive": true}`` after each quiet :data:`FOLLOW_PATIENCE`,
+    so that no idle timeout on the way cuts it. Once the answer has begun, a
+    failure can no longer change its status: it ends the stream with an
+    ``{"error": ...}`` record instead.
+    """
     user = await authenticate(request)
     record = await _visible_command(request, user)
     context = request.app[CONTEXT]
     follow = request.query.get("follow", "") in ("1", "true")
-    try:
-        after = int(request.query.get("after", "0"))
-    except ValueError as exc:
-        raise BadRequestError("after must be a number") from exc
+    after = _log_position(request.query.get("after", "0"))
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
+    try:
+        record = await _stream_log(response, context, record, after, follow)
+    except StoreError as exc:
+        why = (
+            f"command {record.id} was deleted while being read (its retention passed)"
+            if isinstance(exc, NotFoundError)
+            else f"the server could not read the log: {exc}; follow again to go on"
+        )
+        await response.write(_ndjson({"error": why}))
+    else:
+        await response.write(_ndjson({"command": command_view(record)}))
+    await response.write_eof()
+    return response
+
+
+async def _stream_log(
+    response: web.StreamResponse,
+    context: ServerContext,
+    record: CommandRecord,
+    after: int,
+    follow: bool,
+) -> CommandRecord:
+    """Write the log lines after ``after``; with ``follow``, until the command ends."""
     while True:
-        # Read the state before the lines: a final state seen here means every
-        # line the command wrote is already stored.
+        # The change to wait for is taken first, then the state, then the
+        # lines: a final state seen here means every line is already stored.
+        change = context.commands.change_of(record.id)
         record = await context.store.get_command(record.id)
         lines = await context.store.command_log(record.id, after=after, limit=1000)
         for line in lines:
@@ -132,11 +162,17 @@ async def command_logs(request: web.Request) -> web.StreamResponse:
         if len(lines) == 1000:
             continue
         if not follow or record.finished:
-            break
-        await context.commands.wait_change(record.id, patience=15.0)
-    await response.write(_ndjson({"command": command_view(record)}))
-    await response.write_eof()
-    return response
+            return record
+        if not await wait_for_change(change, FOLLOW_PATIENCE):
+            await response.write(_ndjson({"keepalive": True}))
+
+
+def _log_position(value: str) -> int:
+    """``after``: a log line's sequence number, 0 for the start."""
+    after = int(value) if value.isascii() and value.isdigit() else -1
+    if not 0 <= after < 2**63:
+        raise BadRequestError(f"after must be a log line's number (0 or more), not {value[:32]!r}")
+    return after
 
 
 async def _read_submission(request: web.Request) -> tuple[dict[str, Any], str | None]:

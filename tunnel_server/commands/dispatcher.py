@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -69,7 +70,10 @@ class CommandDispatcher:
         self.settings = settings or CommandSettings()
         self._kicks: dict[str, asyncio.Event] = {}
         self._loops: dict[str, asyncio.Task[None]] = {}
-        self._changes: dict[str, asyncio.Event] = {}
+        #: One event per command someone waits on, alive while a waiter holds it.
+        self._changes: weakref.WeakValueDictionary[str, asyncio.Event] = (
+            weakref.WeakValueDictionary()
+        )
         self._reaper: asyncio.Task[None] | None = None
         #: Bytes of unfinished report records held, by cluster.
         self.report_buffered: Counter[str] = Counter()
@@ -142,11 +146,20 @@ class CommandDispatcher:
             )
         event.set()
 
+    def change_of(self, command_id: str) -> asyncio.Event:
+        """An event set at the command's next change (state or log).
+
+        Taken before reading the command, so that a change between the read
+        and the wait is not missed.
+        """
+        event = self._changes.get(command_id)
+        if event is None:
+            event = self._changes[command_id] = asyncio.Event()
+        return event
+
     async def wait_change(self, command_id: str, patience: float) -> None:
         """Wait until the command changes (state or log), or ``patience`` seconds pass."""
-        event = self._changes.setdefault(command_id, asyncio.Event())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), patience)
+        await wait_for_change(self.change_of(command_id), patience)
 
     # -------------------------------------------------------------- dispatch
 
@@ -446,3 +459,12 @@ def _cancel_attempt(agent: AgentConnection, command_id: str, attempt: int) -> No
         agent.session.send_message(
             kinds.MESSAGE_COMMAND_CANCEL, {"id": command_id, "attempt": attempt}
         )
+
+
+async def wait_for_change(change: asyncio.Event, patience: float) -> bool:
+    """Wait for ``change`` (from :meth:`CommandDispatcher.change_of`); False after ``patience``."""
+    try:
+        await asyncio.wait_for(change.wait(), patience)
+    except TimeoutError:
+        return False
+    return True

@@ -153,22 +153,12 @@ def cancel_command(client: ApiClient, args: argparse.Namespace) -> int:
 
 def command_logs(client: ApiClient, args: argparse.Namespace) -> int:
     follow = "&follow=1" if args.follow else ""
-    final = None
-    for record in client.records(f"/api/v1/commands/{segment(args.id)}/logs?after=0{follow}"):
-        if "text" in record:
-            print(printable_line(str(record["text"])), flush=True)
-        elif "command" in record:
-            final = record["command"]
+    final = _print_log(client, f"/api/v1/commands/{segment(args.id)}/logs?after=0{follow}")
     return 0 if final is None or not args.follow or final["state"] == _FINAL_OK else 1
 
 
 def _follow(client: ApiClient, command_id: str, output: str) -> int:
-    final: dict[str, Any] | None = None
-    for record in client.records(f"/api/v1/commands/{segment(command_id)}/logs?follow=1"):
-        if "text" in record:
-            print(printable_line(str(record["text"])), flush=True)
-        elif "command" in record:
-            final = record["command"]
+    final = _print_log(client, f"/api/v1/commands/{segment(command_id)}/logs?follow=1")
     if final is None:
         raise CtlError("the server ended the log stream without the command's outcome")
     if output == "json":
@@ -183,6 +173,19 @@ def _follow(client: ApiClient, command_id: str, output: str) -> int:
             print(f"outputs (kept in the cluster): {_names(result['outputs'])}")
         print(f"# command {command_id} {outcome}{detail}", file=sys.stderr)
     return 0 if final["state"] == _FINAL_OK else 1
+
+
+def _print_log(client: ApiClient, path: str) -> dict[str, Any] | None:
+    """Print a command's log lines as they come; the command's final record, if sent."""
+    final = None
+    for record in client.records(path):
+        if "text" in record:
+            print(printable_line(str(record["text"])), flush=True)
+        elif "command" in record:
+            final = record["command"]
+        elif "error" in record:  # the server could not go on (keepalives are skipped)
+            raise CtlError(str(record["error"]))
+    return final
 
 
 def _names(names: list[Any]) -> str:
