@@ -18,10 +18,10 @@ from aiohttp import web
 
 from ..auth import authenticate, confirm
 from ..context import CONTEXT, ServerContext
-from ..errors import BadRequestError, ForbiddenError
+from ..errors import BadRequestError, ForbiddenError, NotFoundApiError
 from ..httpjson import json_response, read_body, timestamp
 from ..store.base import NotFoundError, StoreError, User
-from ..store.commands import CommandRecord
+from ..store.commands import MAX_LIST, CommandRecord
 from .dispatcher import wait_for_change
 from .specs import SpecError, spec_facts
 
@@ -75,15 +75,18 @@ async def list_commands(request: web.Request) -> web.Response:
     state = request.query.get("state") or None
     if state is not None and state not in _STATES:
         raise BadRequestError(f"state must be one of {', '.join(_STATES)}")
-    try:
-        limit = int(request.query.get("limit", "100"))
-    except ValueError as exc:
-        raise BadRequestError("limit must be a number") from exc
+    value = request.query.get("limit", "100")
+    limit = int(value) if value.isascii() and value.isdigit() else 0
+    if not 1 <= limit <= MAX_LIST:
+        raise BadRequestError(f"limit must be a number from 1 to {MAX_LIST}, not {value[:32]!r}")
     records = await context.store.list_commands(
-        cluster=request.query.get("cluster") or None, state=state, limit=limit
+        cluster=request.query.get("cluster") or None,
+        state=state,
+        limit=limit,
+        # In the query, not after it: another's commands must not fill a user's page.
+        submitter=None if user.is_admin else user.name,
     )
-    visible = [r for r in records if user.is_admin or r.submitter == user.name]
-    return json_response([command_view(record) for record in visible])
+    return json_response([command_view(record) for record in records])
 
 
 async def show_command(request: web.Request) -> web.Response:
@@ -210,9 +213,11 @@ async def _require_dispatch(context: ServerContext, user: User, cluster: str) ->
 
 
 async def _visible_command(request: web.Request, user: User) -> CommandRecord:
-    record = await request.app[CONTEXT].store.get_command(request.match_info["id"])
+    command_id = request.match_info["id"]
+    record = await request.app[CONTEXT].store.get_command(command_id)
     if not user.is_admin and record.submitter != user.name:
-        raise ForbiddenError("only the submitter or an admin may see this command")
+        # As for a command that does not exist: others' commands are not even confirmed.
+        raise NotFoundApiError(f"no command {command_id!r}")
     return record
 
 

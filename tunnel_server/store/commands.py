@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 __all__ = [
     "ACTIVE_STATES",
+    "MAX_LIST",
     "PRUNE_BATCH",
     "TERMINAL_STATES",
     "CommandLogLine",
@@ -42,6 +43,8 @@ TERMINAL_STATES: frozenset[str] = frozenset(
 )
 #: Rows a pruning deletes in one transaction, so that other writes take turns.
 PRUNE_BATCH = 1000
+#: The most commands one listing returns.
+MAX_LIST = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +132,10 @@ class CommandStore(abc.ABC):
         cluster: str | None = None,
         state: str | None = None,
         limit: int = 100,
+        submitter: str | None = None,
     ) -> list[CommandRecord]:
-        """Commands, newest first, at most ``limit`` (capped at 1000)."""
+        """Commands, newest first, at most ``limit`` (capped at 1000), filtered by each
+        argument given; their ``spec`` is left empty (read one command for it)."""
 
     @abc.abstractmethod
     async def pending_commands(self, cluster: str, limit: int = 100) -> list[CommandRecord]:

@@ -302,9 +302,13 @@ class SqliteStore(Store):
         return await self._run(cmd_ops.get_command, command_id)
 
     async def list_commands(
-        self, cluster: str | None = None, state: str | None = None, limit: int = 100
+        self,
+        cluster: str | None = None,
+        state: str | None = None,
+        limit: int = 100,
+        submitter: str | None = None,
     ) -> list[CommandRecord]:
-        return await self._run(cmd_ops.list_commands, cluster, state, limit)
+        return await self._run(cmd_ops.list_commands, cluster, state, limit, submitter)
 
     async def pending_commands(self, cluster: str, limit: int = 100) -> list[CommandRecord]:
         return await self._run(cmd_ops.pending_commands, cluster, limit)

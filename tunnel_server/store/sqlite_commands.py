@@ -11,6 +11,7 @@ from typing import Any
 from .base import AlreadyExistsError, InvalidValueError, NotFoundError, QueueFullError
 from .commands import (
     ACTIVE_STATES,
+    MAX_LIST,
     TERMINAL_STATES,
     CommandLogLine,
     CommandRecord,
@@ -39,7 +40,6 @@ __all__ = [
     "request_cancel",
 ]
 
-MAX_LIST = 1000
 _TRUNCATED = "[log truncated: the command wrote more than the server keeps]"
 
 
@@ -50,6 +50,14 @@ def _time(value: str | None) -> datetime | None:
 def _as_stored(spec: dict[str, Any]) -> Any:
     """``spec`` as it reads back from the store (JSON's types)."""
     return json.loads(json.dumps(spec))
+
+
+#: Every column but ``spec``, which a listing replaces with an empty object.
+_LISTED = (
+    "id, cluster, submitter, type, name, '{}' AS spec, state, attempt, max_attempts,"
+    " timeout_seconds, idempotency_key, created_at, updated_at, delivered_at, started_at,"
+    " finished_at, lease_expires_at, cancel_requested, result, error, log_bytes, log_truncated"
+)
 
 
 def _record(row: sqlite3.Row) -> CommandRecord:
@@ -157,18 +165,21 @@ def get_command(db: sqlite3.Connection, command_id: str) -> CommandRecord:
 
 
 def list_commands(
-    db: sqlite3.Connection, cluster: str | None, state: str | None, limit: int
+    db: sqlite3.Connection,
+    cluster: str | None,
+    state: str | None,
+    limit: int,
+    submitter: str | None = None,
 ) -> list[CommandRecord]:
+    """Newest first; each record's ``spec`` is left empty (up to 1 MiB each, not listed)."""
     clauses, values = [], []
-    if cluster is not None:
-        clauses.append("cluster = ?")
-        values.append(cluster)
-    if state is not None:
-        clauses.append("state = ?")
-        values.append(state)
+    for column, value in (("cluster", cluster), ("state", state), ("submitter", submitter)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            values.append(value)
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     rows = db.execute(
-        f"SELECT * FROM commands {where} ORDER BY created_at DESC, id LIMIT ?",  # noqa: S608 - fixed clauses
+        f"SELECT {_LISTED} FROM commands {where} ORDER BY created_at DESC, id LIMIT ?",  # noqa: S608 - fixed clauses
         (*values, max(1, min(limit, MAX_LIST))),
     ).fetchall()
     return [_record(row) for row in rows]
