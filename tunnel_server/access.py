@@ -81,6 +81,7 @@ class AccessCache:
         self.clock = clock
         self._users: _TtlCache[User | None] = _TtlCache(ttl, max_entries, clock)
         self._grants: _TtlCache[Grant | None] = _TtlCache(ttl, max_entries, clock)
+        self._named: _TtlCache[User | None] = _TtlCache(ttl, max_entries, clock)
         #: Counts invalidations: an answer remembered elsewhere under an older
         #: generation must be asked again.
         self.generation = 0
@@ -102,6 +103,25 @@ class AccessCache:
             return entry
         return await self._users.get(token_hash, lambda: self._store.find_user_by_token(token_hash))
 
+    async def may_dispatch(self, user: User, cluster: str) -> bool:
+        """Whether ``user`` may send commands to ``cluster``: an admin, or by a grant with
+        ``--commands``."""
+        if user.is_admin:
+            return True
+        grant = await self.grant(user.name, cluster)
+        return grant is not None and grant.commands
+
+    async def user_named(self, name: str) -> User | None:
+        """The user called ``name``, or None if there is none."""
+
+        async def load() -> User | None:
+            try:
+                return await self._store.get_user(name)
+            except NotFoundError:
+                return None
+
+        return (await self._named.get(name, load))[1]
+
     async def lookup_grant(self, user: str, cluster: str) -> tuple[float, Grant | None]:
         """(until when the answer holds, the user's grant on the cluster or None)."""
         # The cached answer without building a loader: every proxied request asks.
@@ -121,4 +141,5 @@ class AccessCache:
         """Forget everything: users, tokens or grants changed."""
         self._users.clear()
         self._grants.clear()
+        self._named.clear()
         self.generation += 1

@@ -86,8 +86,10 @@ def _lifecycle(
             )
             registry = AgentRegistry(settings.tunnel.replace_grace)
             metrics = ServerMetrics()
-            commands = CommandDispatcher(store, registry, audit, settings.commands, metrics)
             access = AccessCache(store)
+            commands = CommandDispatcher(
+                store, registry, audit, settings.commands, metrics, access=access
+            )
             live = LiveRequests(
                 access,
                 functools.partial(access_refusal, access),

@@ -56,7 +56,9 @@ class Scripted(CommandDispatcher):
     """Offers held until released, answered as scripted, instead of sent to an agent."""
 
     def __init__(self, pending: Pending, answers: dict[str, bool | Exception]) -> None:
-        super().__init__(cast(Any, pending), cast(Any, Connected()), cast(Any, None))
+        super().__init__(
+            cast(Any, pending), cast(Any, Connected()), cast(Any, None), access=cast(Any, None)
+        )
         self.pending = pending
         self.answers = answers
         self.started: list[str] = []

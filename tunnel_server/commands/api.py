@@ -201,10 +201,7 @@ async def _read_submission(request: web.Request) -> tuple[dict[str, Any], str | 
 
 
 async def _require_dispatch(context: ServerContext, user: User, cluster: str) -> None:
-    if user.is_admin:
-        return
-    grant = await context.access.grant(user.name, cluster)
-    if grant is None or not grant.commands:
+    if not await context.access.may_dispatch(user, cluster):
         raise ForbiddenError(
             f"user {user.name} may not dispatch commands to {cluster} "
             f"(tunnelctl grant {user.name} --cluster {cluster} --commands)",

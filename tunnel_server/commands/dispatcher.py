@@ -27,6 +27,7 @@ from protocol.errors import LocalProtocolError, MalformedFrameError
 from protocol.records import RecordReader, encode_record
 from tunnel_mux import MuxStream, SessionError
 
+from ..access import AccessCache
 from ..audit import AuditWriter
 from ..config import CommandSettings
 from ..context import utcnow
@@ -62,9 +63,13 @@ class CommandDispatcher:
         audit: AuditWriter,
         settings: CommandSettings | None = None,
         metrics: ServerMetrics | None = None,
+        *,
+        access: AccessCache,
     ) -> None:
         self.metrics = metrics or ServerMetrics()
         self.store = store
+        #: Whether a submitter may still send a command, asked again before each offer.
+        self.access = access
         self.registry = registry
         self.audit = audit
         self.settings = settings or CommandSettings()
@@ -221,6 +226,8 @@ class CommandDispatcher:
 
     async def _offer(self, agent: AgentConnection, record: CommandRecord) -> bool:
         """Offer one command; False when the agent cannot take more now."""
+        if not await self._still_allowed(record):
+            return True
         attempt = record.attempt + 1
         headers = {"id": record.id, "attempt": attempt, "type": record.type, "name": record.name}
         try:
@@ -268,6 +275,30 @@ class CommandDispatcher:
                 await self._audit(finished, "finish", finished.submitter)
         self._changed(record.id)
         return True
+
+    async def _still_allowed(self, record: CommandRecord) -> bool:
+        """Whether the submitter may still send this command; if not, it is withdrawn.
+
+        Access is checked at submission, but a command may wait for its agent
+        for days: a user deleted, or a grant taken away, meanwhile stops it.
+        A command already delivered runs on (cancel it to stop it).
+        """
+        user = await self.access.user_named(record.submitter)
+        if user is not None and await self.access.may_dispatch(user, record.cluster):
+            return True
+        why = (
+            f"cancelled before delivery: {record.submitter} may no longer send commands"
+            f" to {record.cluster} (the user was deleted or the grant withdrawn)"
+        )
+        withdrawn = await self.store.withdraw_pending(record.id, why, utcnow())
+        if withdrawn is not None:
+            logger.info(
+                "withdrew a command whose submitter lost access",
+                extra={"cluster": record.cluster, "command": record.id},
+            )
+            await self._audit(withdrawn, "finish", withdrawn.submitter)
+            self._changed(record.id)
+        return False
 
     # --------------------------------------------------------------- reports
 

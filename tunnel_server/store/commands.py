@@ -176,6 +176,12 @@ class CommandStore(abc.ABC):
         """Record the outcome of ``attempt``; None if it is stale or already finished."""
 
     @abc.abstractmethod
+    async def withdraw_pending(
+        self, command_id: str, reason: str, now: datetime
+    ) -> CommandRecord | None:
+        """Cancel a command still pending, saying why; None if it is no longer pending."""
+
+    @abc.abstractmethod
     async def request_cancel(self, command_id: str, now: datetime) -> CommandRecord:
         """Ask for cancellation: a pending command is cancelled at once."""
 

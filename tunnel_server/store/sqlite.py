@@ -339,6 +339,11 @@ class SqliteStore(Store):
             cmd_ops.finish_command, command_id, attempt, state, result, error, now
         )
 
+    async def withdraw_pending(
+        self, command_id: str, reason: str, now: datetime
+    ) -> CommandRecord | None:
+        return await self._run(cmd_ops.withdraw_pending, command_id, reason, now)
+
     async def request_cancel(self, command_id: str, now: datetime) -> CommandRecord:
         return await self._run(cmd_ops.request_cancel, command_id, now)
 

@@ -38,6 +38,7 @@ __all__ = [
     "mark_running",
     "pending_commands",
     "request_cancel",
+    "withdraw_pending",
 ]
 
 _TRUNCATED = "[log truncated: the command wrote more than the server keeps]"
@@ -256,6 +257,19 @@ def finish_command(
             command_id,
             attempt,
         ),
+    ).fetchone()
+    return None if row is None else _record(row)
+
+
+def withdraw_pending(
+    db: sqlite3.Connection, command_id: str, reason: str, now: datetime
+) -> CommandRecord | None:
+    """See :meth:`CommandStore.withdraw_pending`."""
+    stamp = encode_time(now)
+    row = db.execute(
+        "UPDATE commands SET state = 'cancelled', error = ?, finished_at = ?, updated_at = ?"
+        " WHERE id = ? AND state = 'pending' RETURNING *",
+        (reason, stamp, stamp, command_id),
     ).fetchone()
     return None if row is None else _record(row)
 
