@@ -132,9 +132,13 @@ async def test_an_idempotency_key_never_answers_with_another_users_command(
 
     status, first = await submit("mallory-thing", mallory)
     assert status == 201
-    status, answer = await submit("admin-release")  # as the admin
-    assert (status, answer["error"]["code"]) == (409, "already_exists")
-    assert "mallory" not in json.dumps(answer)
+    # Each submitter's keys are their own: mallory's neither blocks nor answers the admin.
+    status, admins = await submit("admin-release")
+    assert status == 201
+    assert admins["id"] != first["id"]
+    assert "mallory" not in json.dumps(admins)
+    status, again = await submit("admin-release")
+    assert (status, again["id"]) == (200, admins["id"])
     # Nor does the same user's different command pass as a retry; the same one does.
     status, _ = await submit("other-thing", mallory)
     assert status == 409
@@ -154,6 +158,13 @@ async def test_a_user_without_a_grant_learns_nothing_of_which_clusters_exist(
         )
         answers.append((status, answer["error"]["code"]))
     assert answers == [(403, "not_granted"), (403, "not_granted")]
+    submissions = []
+    for cluster in ("prod-secret", "staging"):
+        status, answer = await server.api(
+            "POST", f"/api/v1/clusters/{cluster}/commands", {"spec": command("x")}, token=eve
+        )
+        submissions.append((status, answer["error"]["code"]))
+    assert submissions == [(403, "commands_not_granted"), (403, "commands_not_granted")]
 
 
 async def test_impersonating_a_tunnel_system_identity_is_refused_by_the_server(

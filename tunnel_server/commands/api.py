@@ -55,8 +55,9 @@ async def submit_command(request: web.Request) -> web.Response:
     user = await authenticate(request)
     context = request.app[CONTEXT]
     cluster = request.match_info["cluster"]
-    await context.store.get_cluster(cluster)
+    # The grant first: to a user without one, a cluster that does not exist looks the same.
     await _require_dispatch(context, user, cluster)
+    await context.store.get_cluster(cluster)
     spec, key = await _read_submission(request)
     try:
         spec, facts = spec_facts(spec)

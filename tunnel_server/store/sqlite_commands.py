@@ -106,15 +106,17 @@ def add_command(
         raise InvalidValueError("max_pending must be at least 1")
     with transaction(db):
         if command.idempotency_key is not None:
+            # Each submitter has keys of their own: another's cannot block or reveal them.
             existing = db.execute(
-                "SELECT * FROM commands WHERE cluster = ? AND idempotency_key = ?",
-                (command.cluster, command.idempotency_key),
+                "SELECT * FROM commands"
+                " WHERE cluster = ? AND submitter = ? AND idempotency_key = ?",
+                (command.cluster, command.submitter, command.idempotency_key),
             ).fetchone()
             if existing is not None:
                 record = _record(existing)
-                asked = (command.submitter, command.type, command.name, _as_stored(command.spec))
-                if (record.submitter, record.type, record.name, record.spec) != asked:
-                    # Neither someone else's command nor a different one answers a retry.
+                asked = (command.type, command.name, _as_stored(command.spec))
+                if (record.type, record.name, record.spec) != asked:
+                    # A different command does not answer a retry.
                     raise AlreadyExistsError(
                         f"idempotency key {command.idempotency_key!r} was used on cluster "
                         f"{command.cluster} for another command: a retry sends the same "

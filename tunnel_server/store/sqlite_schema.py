@@ -208,6 +208,15 @@ MIGRATIONS: tuple[Migration, ...] = (
         description="a table the readiness probe writes to",
         statements=("CREATE TABLE write_probe (id INTEGER PRIMARY KEY, data BLOB NOT NULL)",),
     ),
+    Migration(
+        version=7,
+        description="idempotency keys of their own for each submitter",
+        statements=(
+            "DROP INDEX commands_idempotency",
+            "CREATE UNIQUE INDEX commands_idempotency ON commands"
+            " (cluster, submitter, idempotency_key) WHERE idempotency_key IS NOT NULL",
+        ),
+    ),
 )
 """Every migration, in order; ``MIGRATIONS[i].version == i + 1``."""
 
