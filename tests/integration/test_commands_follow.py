@@ -21,6 +21,7 @@ from tunnel_server.commands import api as commands_api
 from tunnel_server.context import utcnow
 from tunnel_server.store import StoreError
 
+from ..support import until
 from .commands_support import command
 from .harness import RunningServer
 from .test_commands_delivery import submit
@@ -140,3 +141,39 @@ async def test_a_log_position_out_of_range_is_refused(
     status, answer = await server.api("GET", f"/api/v1/commands/{pending['id']}/logs?after={after}")
     assert status == 400
     assert "after must be a log line's number" in answer["error"]["message"]
+
+
+async def test_one_user_follows_a_bounded_number_of_logs_at_once(
+    server: RunningServer, pending: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each follow holds a connection for as long as its command runs (found by a review:
+    eight follows of a command that never ends took every caller connection)."""
+    monkeypatch.setattr(commands_api, "MAX_FOLLOWS_PER_USER", 2)
+    assert server._http is not None
+    url = f"{server.url}/api/v1/commands/{pending['id']}/logs?follow=1"
+    options: dict[str, Any] = {
+        "headers": {"Authorization": f"Bearer {server.admin_token}"},
+        "ssl": client_context(server.ca_pem),
+    }
+    first = await server._http.get(url, **options)
+    second = await server._http.get(url, **options)
+    try:
+        assert (first.status, second.status) == (200, 200)
+        status, answer = await server.api("GET", f"/api/v1/commands/{pending['id']}/logs?follow=1")
+        assert status == 429
+        assert answer["error"]["message"] == (
+            "user admin already follows 2 command logs, the most one user may;"
+            " end one, or read without --follow"
+        )
+        # Reading without following is not counted.
+        status, _ = await server.api("GET", f"/api/v1/commands/{pending['id']}/logs")
+        assert status == 200
+    finally:
+        first.close()
+    await until(lambda: server.context.commands.follows["admin"] == 1, max_turns=10**6)
+    third = await server._http.get(url, **options)
+    try:
+        assert third.status == 200
+    finally:
+        third.close()
+        second.close()

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from ..auth import authenticate, confirm
 from ..context import CONTEXT, ServerContext
-from ..errors import BadRequestError, ForbiddenError, NotFoundApiError
+from ..errors import BadRequestError, ForbiddenError, NotFoundApiError, TooManyRequestsError
 from ..httpjson import json_response, read_body, timestamp
 from ..store.base import NotFoundError, StoreError, User
 from ..store.commands import MAX_LIST, CommandRecord
@@ -30,6 +30,8 @@ __all__ = ["setup_command_api"]
 MAX_SPEC_BODY = 1024 * 1024
 #: Seconds a follow waits for a change before it sends a keepalive record.
 FOLLOW_PATIENCE = 15.0
+#: Command logs one user may follow at once.
+MAX_FOLLOWS_PER_USER = 16
 _STATES = (
     "pending",
     "delivered",
@@ -120,9 +122,18 @@ async def command_logs(request: web.Request) -> web.StreamResponse:
     context = request.app[CONTEXT]
     follow = request.query.get("follow", "") in ("1", "true")
     after = _log_position(request.query.get("after", "0"))
+    following = context.commands.follows
+    if follow and following[user.name] >= MAX_FOLLOWS_PER_USER:
+        # Each follow holds a caller connection for as long as the command runs.
+        raise TooManyRequestsError(
+            f"user {user.name} already follows {MAX_FOLLOWS_PER_USER} command logs, the most"
+            " one user may; end one, or read without --follow"
+        )
+    if follow:
+        following[user.name] += 1  # counted before any await: no second request slips in
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-    await response.prepare(request)
     try:
+        await response.prepare(request)
         record = await _stream_log(response, context, record, after, follow)
     except StoreError as exc:
         why = (
@@ -133,6 +144,11 @@ async def command_logs(request: web.Request) -> web.StreamResponse:
         await response.write(_ndjson({"error": why}))
     else:
         await response.write(_ndjson({"command": command_view(record)}))
+    finally:
+        if follow:
+            following[user.name] -= 1
+            if not following[user.name]:
+                del following[user.name]
     await response.write_eof()
     return response
 

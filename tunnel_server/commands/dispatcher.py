@@ -82,6 +82,8 @@ class CommandDispatcher:
         self._reaper: asyncio.Task[None] | None = None
         #: Bytes of unfinished report records held, by cluster.
         self.report_buffered: Counter[str] = Counter()
+        #: Command logs followed now, by user (the API bounds them).
+        self.follows: Counter[str] = Counter()
 
     # ------------------------------------------------------------- lifecycle
 
