@@ -58,9 +58,10 @@ async def test_another_users_command_is_answered_as_one_that_does_not_exist(
             method, f"/api/v1/commands/{command_id}{suffix}", token=bob
         )
         answers.append((status, answer["error"]["code"], answer["error"]["message"]))
+    hint = "none was submitted with this id, or it finished more than 30d ago and was deleted"
     assert answers == [
-        (404, "not_found", f"no command {theirs['id']!r}"),
-        (404, "not_found", f"no command {missing!r}"),
+        (404, "not_found", f"no command {theirs['id']!r}: {hint} (--command-retention)"),
+        (404, "not_found", f"no command {missing!r}: {hint} (--command-retention)"),
     ]
     status, still = await server.api("GET", f"/api/v1/commands/{theirs['id']}")
     assert (status, still["state"]) == (200, "pending")  # bob's cancel did nothing

@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from tunnel_cli import describe_duration
+
 from ..auth import authenticate, confirm
 from ..context import CONTEXT, ServerContext
 from ..errors import BadRequestError, ForbiddenError, NotFoundApiError, TooManyRequestsError
@@ -228,10 +230,18 @@ async def _require_dispatch(context: ServerContext, user: User, cluster: str) ->
 
 async def _visible_command(request: web.Request, user: User) -> CommandRecord:
     command_id = request.match_info["id"]
-    record = await request.app[CONTEXT].store.get_command(command_id)
-    if not user.is_admin and record.submitter != user.name:
-        # As for a command that does not exist: others' commands are not even confirmed.
-        raise NotFoundApiError(f"no command {command_id!r}")
+    context = request.app[CONTEXT]
+    try:
+        record = await context.store.get_command(command_id)
+    except NotFoundError:
+        record = None
+    # Another's command answers as one that does not exist: it is not even confirmed.
+    if record is None or not (user.is_admin or record.submitter == user.name):
+        retention = describe_duration(context.settings.command_retention)
+        raise NotFoundApiError(
+            f"no command {command_id!r}: none was submitted with this id, or it finished"
+            f" more than {retention} ago and was deleted (--command-retention)"
+        )
     return record
 
 
