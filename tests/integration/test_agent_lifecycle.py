@@ -144,8 +144,12 @@ async def test_agent_reconnects_after_server_restart(tmp_path: Path) -> None:
             await server.stop()
             await until(lambda: not running.agent.connected.is_set())
             failures_before = running.agent.backoff.attempt
-            # The agent keeps trying with growing delays while the server is away.
-            await until(lambda: running.agent.backoff.attempt >= failures_before + 3)
+            # The agent keeps trying with growing delays while the server is away. Its
+            # back-off timers run in real time (up to 0.5 s each here): turns are counted
+            # generously, or a busy machine runs out of them before the third retry.
+            await until(
+                lambda: running.agent.backoff.attempt >= failures_before + 3, max_turns=10**7
+            )
             async with running_server(server_settings(state, port=port)) as restarted:
                 await running.wait_connected()
                 assert running.agent.connections == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import socket
@@ -66,18 +67,23 @@ def agent_kube_api(upstream: Upstream) -> KubeApi:
     return KubeApi(configuration)
 
 
-@pytest.fixture
-async def tunnel(server: RunningServer, tmp_path: Path) -> AsyncIterator[Tunnel]:
+@contextlib.asynccontextmanager
+async def running_tunnel(
+    server: RunningServer,
+    tmp_path: Path,
+    policy: ProxyPolicy,
+    user: dict[str, Any],
+    grant: dict[str, Any],
+) -> AsyncIterator[Tunnel]:
+    """Cluster prod-eu behind an agent with ``policy``, and ``user`` granted it."""
     bootstrap = await server.add_cluster("prod-eu")
-    status, answer = await server.api(
-        "POST", "/api/v1/users", {"name": "alice", "groups": ["platform"]}
-    )
+    status, answer = await server.api("POST", "/api/v1/users", user)
     assert status == 201, answer
-    status, _ = await server.api("PUT", "/api/v1/grants/alice/prod-eu", {"as_groups": ["viewers"]})
+    status, _ = await server.api("PUT", f"/api/v1/grants/{user['name']}/prod-eu", grant)
     assert status == 200
     async with running_upstream() as upstream:
         api = agent_kube_api(upstream)
-        proxy = KubeProxy(api, ProxyPolicy())
+        proxy = KubeProxy(api, policy)
         router = StreamRouter()
         router.add(kinds.STREAM_HTTP, proxy.handle)
         settings = agent_settings(server, "prod-eu", bootstrap, tmp_path / "creds")
@@ -88,6 +94,15 @@ async def tunnel(server: RunningServer, tmp_path: Path) -> AsyncIterator[Tunnel]
         await proxy.close()
         await proxy.api.close()
         await api.close()
+
+
+@pytest.fixture
+async def tunnel(server: RunningServer, tmp_path: Path) -> AsyncIterator[Tunnel]:
+    user = {"name": "alice", "groups": ["platform"]}
+    async with running_tunnel(
+        server, tmp_path, ProxyPolicy(), user, {"as_groups": ["viewers"]}
+    ) as running:
+        yield running
 
 
 async def test_request_is_relayed_with_impersonation_and_without_caller_credentials(

@@ -9,39 +9,19 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from protocol import kinds
-from tunnel_agent.kubeproxy import KubeProxy
 from tunnel_agent.policy import ProxyPolicy
-from tunnel_agent.router import StreamRouter
 from tunnel_pki.tls import client_context
 
-from .harness import RunningServer, agent_settings, running_agent
-from .test_kubeproxy_relay import Tunnel, agent_kube_api
-from .upstream import running_upstream
+from .harness import RunningServer
+from .test_kubeproxy_relay import Tunnel, running_tunnel
 
 POLICY = ProxyPolicy(read_only=True, namespaces=frozenset({"team"}))
 
 
 @pytest.fixture
 async def tunnel(server: RunningServer, tmp_path: Path) -> AsyncIterator[Tunnel]:
-    bootstrap = await server.add_cluster("prod-eu")
-    status, answer = await server.api("POST", "/api/v1/users", {"name": "alice"})
-    assert status == 201, answer
-    status, _ = await server.api("PUT", "/api/v1/grants/alice/prod-eu", {})
-    assert status == 200
-    async with running_upstream() as upstream:
-        api = agent_kube_api(upstream)
-        proxy = KubeProxy(api, POLICY)
-        router = StreamRouter()
-        router.add(kinds.STREAM_HTTP, proxy.handle)
-        settings = agent_settings(server, "prod-eu", bootstrap, tmp_path / "creds")
-        async with running_agent(settings, on_stream=router) as agent:
-            await agent.wait_connected()
-            async with aiohttp.ClientSession() as http:
-                yield Tunnel(server, agent, upstream, answer["token"], http, proxy)
-        await proxy.close()
-        await proxy.api.close()
-        await api.close()
+    async with running_tunnel(server, tmp_path, POLICY, {"name": "alice"}, {}) as running:
+        yield running
 
 
 async def test_a_console_on_a_subresource_read_as_a_get_is_not_opened(tunnel: Tunnel) -> None:
