@@ -177,10 +177,7 @@ class CommandsGateway:
         if why is not None:
             logger.info("refused %s %s of %s: %s", request.method, target[:200], grant.label, why)
             return _status(403, "Forbidden", why)
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return _status(413, "RequestEntityTooLarge", "the request body is over 4 MiB")
+        # Counted before the body is read: at most this many bodies are held at once.
         if len(grant.requests) >= MAX_REQUESTS_PER_PROCESS:
             return _status(
                 429,
@@ -191,19 +188,24 @@ class CommandsGateway:
         assert task is not None
         grant.requests.add(task)
         try:
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                return _status(413, "RequestEntityTooLarge", "the request body is over 4 MiB")
             return await self._relay(request, target, body)
         finally:
             grant.requests.discard(task)
 
     async def _relay(self, request: web.Request, target: str, body: bytes) -> web.StreamResponse:
-        headers = {
-            name: value
+        # Pairs, not a dict: a header sent twice (Accept, say) goes on twice.
+        headers = [
+            (name, value)
             for name, value in request.headers.items()
             if name.lower() not in _NOT_RELAYED
-        }
+        ]
         authorization = await self._kube.authorization()
         if authorization is not None:
-            headers["Authorization"] = authorization
+            headers.append(("Authorization", authorization))
         try:
             async with self._kube.session.request(
                 request.method,
