@@ -133,3 +133,24 @@ def test_a_log_the_server_cannot_go_on_with_ends_in_an_error_naming_why(
     with pytest.raises(CtlError, match="deleted while being read"):
         command_logs(EndedClient(), argparse.Namespace(id="c-1", follow=True))  # type: ignore[arg-type]
     assert capsys.readouterr().out == "one\n"  # the keepalive prints nothing
+
+
+def test_run_follow_cut_short_says_how_to_follow_again(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("apiVersion: tunnel/v1\ntype: query\nname: q\nspec: {}\n")
+    args = argparse.Namespace(
+        file=str(spec),
+        timeout=None,
+        idempotency_key=None,
+        cluster="prod",
+        follow=True,
+        output="text",
+    )
+    with pytest.raises(CtlError) as ended:
+        run_command(EndedClient(), args)  # type: ignore[arg-type]
+    assert str(ended.value) == (
+        "command c-1 was deleted while being read (its retention passed)"
+        " (to follow it again: tunnelctl commands logs c-1 --follow)"
+    )

@@ -158,7 +158,13 @@ def command_logs(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def _follow(client: ApiClient, command_id: str, output: str) -> int:
-    final = _print_log(client, f"/api/v1/commands/{segment(command_id)}/logs?follow=1")
+    try:
+        final = _print_log(client, f"/api/v1/commands/{segment(command_id)}/logs?follow=1")
+    except CtlError as exc:
+        # The command was submitted, and may go on without us: say how to catch up.
+        raise CtlError(
+            f"{exc} (to follow it again: tunnelctl commands logs {command_id} --follow)"
+        ) from exc
     if final is None:
         raise CtlError("the server ended the log stream without the command's outcome")
     if output == "json":
