@@ -32,7 +32,7 @@ from .errors import (
     TooManyRequestsError,
     UnavailableError,
 )
-from .frontdoor import KEEPALIVE_TIMEOUT, LINGER_SECONDS, FrontDoor, FrontDoors
+from .frontdoor import LINGER_SECONDS, FrontDoor, FrontDoors
 from .kubeproxy import setup_kube_proxy
 from .listener import BoundedTlsListener
 from .live_requests import LiveRequests
@@ -118,18 +118,36 @@ def _lifecycle(
 
 
 async def _say_close(request: web.Request, response: web.StreamResponse) -> None:
-    """A connection the front door handed to aiohttp serves one request, then closes.
+    """A connection the front door handed to aiohttp serves one request, then closes,
+    unless an API client with a token is using it.
 
-    What comes here is rare and seldom repeated on a connection (tunnelctl's
-    REST calls, a bootstrap, a probe, an upgrade, a request with a chunked
-    body), and a connection kept alive here could not be closed to make room
-    for another caller (tunnel_server/callerlimit.py): one request at a time
-    from a flood of connections would otherwise hold them all. Set as each
-    response's head is prepared, errors and streamed answers included, so the
-    head says ``Connection: close`` (a 101 keeps its ``Connection: upgrade``).
+    What comes here is seldom repeated on a connection (tunnelctl's REST
+    calls, a bootstrap, a probe, an upgrade, a request with a chunked body),
+    and a connection kept alive here could not be closed to make room for
+    another caller (tunnel_server/callerlimit.py): one request at a time from
+    a flood of connections would otherwise hold them all. The exception is a
+    program driving the REST API (submitting commands, say): a handshake per
+    request halved its rate (docs/benchmarks.md, "Command dispatch"). Its
+    connection stays open while it is authenticated and busy, and closes after
+    :data:`API_KEEPALIVE` idle seconds. Set as each response's head is
+    prepared, errors and streamed answers included, so the head says
+    ``Connection: close`` (a 101 keeps its ``Connection: upgrade``).
     """
+    if _an_api_clients(request, response):
+        return
     response.force_close()
     response.headers.setdefault("Connection", "close")
+
+
+def _an_api_clients(request: web.Request, response: web.StreamResponse) -> bool:
+    """Whether the connection is an API client's, with a token that was not refused."""
+    return (
+        request.path.startswith("/api/")
+        and "Authorization" in request.headers
+        and response.status != 401
+        and response.status != 101
+        and request.keep_alive
+    )
 
 
 @web.middleware
@@ -158,6 +176,10 @@ def _error_response(error: ApiError) -> web.Response:
     if error.retry_after is not None:
         response.headers["Retry-After"] = str(max(1, round(error.retry_after)))
     return response
+
+
+#: Seconds an API client's connection stays open without a request (see _say_close).
+API_KEEPALIVE = 5.0
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -222,10 +244,10 @@ async def _start_locked(settings: ServerSettings, lock: StateLock) -> tuple[web.
         # A caller that goes away cancels its handler at once, so a relayed
         # watch is closed upstream instead of waiting for its next event.
         handler_cancellation=True,
-        # A connection handed to aiohttp idles as long as one the front door
-        # keeps (aiohttp's own default is an hour), and an unread body is
-        # waited for as long after an answer.
-        keepalive_timeout=KEEPALIVE_TIMEOUT,
+        # Only an API client's connection is kept here between requests
+        # (_say_close), and it cannot be closed to make room: briefly. An
+        # unread body is waited for LINGER_SECONDS after an answer.
+        keepalive_timeout=API_KEEPALIVE,
         lingering_time=LINGER_SECONDS,
         # A body is relayed as it came: decoded here, it would reach the API
         # server still labelled with its Content-Encoding.

@@ -371,8 +371,28 @@ async def test_a_pipelined_request_for_aiohttp_is_handed_over_with_the_buffered_
         assert cluster.status == 200
         assert cluster.json()["name"] == "prod-eu"
         assert doors(tunnel.server).open == set()
-        # aiohttp serves one request and closes: a client that pipelined sends the rest again.
-        assert cluster.header("connection") == "close"
+        # An API client's connection stays open (app.py, _say_close) ...
+        assert cluster.header("connection") is None
+        health = await connection.reply()
+        # ... and serves the next request, after which a probe's closes.
+        assert (health.status, health.header("connection")) == (200, "close")
+        assert await connection.closed()
+
+
+async def test_an_api_clients_connection_serves_its_requests_one_after_another(
+    tunnel: Tunnel,
+) -> None:
+    """A program driving the REST API pays one handshake, not one per request."""
+    token = tunnel.server.admin_token
+    async with caller(tunnel.server) as connection:
+        for _ in range(3):
+            connection.send(request("GET", "/api/v1/clusters/prod-eu", token))
+            reply = await connection.reply()
+            assert (reply.status, reply.header("connection")) == (200, None)
+        connection.send(request("GET", "/api/v1/clusters/prod-eu", "not-a-token"))
+        refused = await connection.reply()
+        # A token refused closes it, as any request without one does.
+        assert (refused.status, refused.header("connection")) == (401, "close")
         assert await connection.closed()
 
 
