@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -73,12 +74,11 @@ def test_show_prints_the_agents_error_and_output_names_neutralised(
     assert f"outputs:      {NEUTRAL} (values stay in the cluster)\n" in out
 
 
-def test_run_follow_prints_the_outcome_neutralised(
-    capsys: pytest.CaptureFixture[str], tmp_path: Any
-) -> None:
+def run_follow_args(tmp_path: Path) -> argparse.Namespace:
+    """``tunnelctl run --cluster prod -f SPEC --follow``, with a valid query spec."""
     spec = tmp_path / "spec.yaml"
     spec.write_text("apiVersion: tunnel/v1\ntype: query\nname: q\nspec: {}\n")
-    args = argparse.Namespace(
+    return argparse.Namespace(
         file=str(spec),
         timeout=None,
         idempotency_key=None,
@@ -86,6 +86,12 @@ def test_run_follow_prints_the_outcome_neutralised(
         follow=True,
         output="text",
     )
+
+
+def test_run_follow_prints_the_outcome_neutralised(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    args = run_follow_args(tmp_path)
     assert run_command(FakeClient(), args) == 1  # type: ignore[arg-type]
     captured = capsys.readouterr()
     assert "\x1b" not in captured.out + captured.err
@@ -136,18 +142,9 @@ def test_a_log_the_server_cannot_go_on_with_ends_in_an_error_naming_why(
 
 
 def test_run_follow_cut_short_says_how_to_follow_again(
-    capsys: pytest.CaptureFixture[str], tmp_path: Any
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    spec = tmp_path / "spec.yaml"
-    spec.write_text("apiVersion: tunnel/v1\ntype: query\nname: q\nspec: {}\n")
-    args = argparse.Namespace(
-        file=str(spec),
-        timeout=None,
-        idempotency_key=None,
-        cluster="prod",
-        follow=True,
-        output="text",
-    )
+    args = run_follow_args(tmp_path)
     with pytest.raises(CtlError) as ended:
         run_command(EndedClient(), args)  # type: ignore[arg-type]
     assert str(ended.value) == (
