@@ -145,7 +145,6 @@ def _an_api_clients(request: web.Request, response: web.StreamResponse) -> bool:
         request.path.startswith("/api/")
         and "Authorization" in request.headers
         and response.status != 401
-        and response.status != 101
         and request.keep_alive
     )
 
