@@ -285,8 +285,7 @@ class _Renewals:
             )
             if self._serial in await context.store.revoked_serials():
                 # Revoked while this one was signed: it goes the same way.
-                await context.store.revoke_cluster_certificates(self._cluster, utcnow())
-                context.revoked |= await context.store.revoked_serials()
+                await context.revoke_cluster(self._cluster)
                 raise ForbiddenError(REVOKED_SESSION)
         except (PkiError, StoreError, ForbiddenError) as exc:
             logger.warning("certificate renewal refused: %s", exc, extra={"cluster": self._cluster})

@@ -151,7 +151,7 @@ async def revoke_cluster(request: web.Request) -> web.Response:
     user = await require_admin(request)
     context = request.app[CONTEXT]
     cluster = await _cluster(request)
-    revoked = await _revoke(context, cluster.name)
+    revoked = await context.revoke_cluster(cluster.name)
     disconnected = await context.registry.disconnect(
         cluster.name, "the cluster's certificates were revoked"
     )
@@ -164,7 +164,7 @@ async def delete_cluster(request: web.Request) -> web.Response:
     user = await require_admin(request)
     context = request.app[CONTEXT]
     cluster = await _cluster(request)
-    await _revoke(context, cluster.name)
+    await context.revoke_cluster(cluster.name)
     await context.registry.disconnect(cluster.name, "the cluster was deleted")
     await context.store.delete_cluster(cluster.name)
     # Its grants went with it (its requests ended with its agent's session).
@@ -172,12 +172,6 @@ async def delete_cluster(request: web.Request) -> web.Response:
     logger.warning("cluster deleted by %s", user.name, extra={"cluster": cluster.name})
     await context.audit.admin_action(user.name, "cluster.delete", cluster.name, cluster.name)
     return json_response({"deleted": cluster.name})
-
-
-async def _revoke(context: ServerContext, cluster: str) -> int:
-    count = await context.store.revoke_cluster_certificates(cluster, utcnow())
-    context.revoked |= await context.store.revoked_serials()
-    return count
 
 
 async def _issue_bootstrap(context: ServerContext, cluster: Cluster) -> dict[str, Any]:

@@ -15,10 +15,10 @@ from aiohttp import web
 
 from tunnel_cli import FlagError, describe_duration, parse_duration
 
-from .auth import authenticate, bearer_token, confirm, require_admin
+from .auth import authenticate, bearer_token, confirm, invalid_token, require_admin
 from .config import MAX_API_TOKEN_TTL, MIN_API_TOKEN_TTL
 from .context import CONTEXT, ServerContext, utcnow
-from .errors import ApiError, BadRequestError, ForbiddenError, UnauthorizedError
+from .errors import ApiError, BadRequestError, ForbiddenError
 from .httpjson import json_response, read_json, require_str, timestamp
 from .proxyrequest import IDENTITY_PREFIX, ProxyExchange
 from .statedir import new_token
@@ -80,7 +80,7 @@ async def add_user(request: web.Request) -> web.Response:
     await confirm(request, admin)
     user = await context.store.add_user(name, groups, is_admin, now)
     token = await _issue_token(request, admin, name, expires_at)
-    await _audit(context, admin.name, "user.add", name)
+    await context.audit.admin_action(admin.name, "user.add", name)
     return json_response(
         {"user": _user_view(user), "token": token, "expires_at": timestamp(expires_at)},
         status=201,
@@ -119,7 +119,7 @@ async def new_user_token(request: web.Request) -> web.Response:
         # At once, not after the new token is stored; live requests on the old ones end.
         ended = await _access_changed(context, admin.name, "user.revoke-tokens", name, user=name)
     token = await _issue_token(request, admin, name, expires_at)
-    await _audit(context, admin.name, "user.token", name)
+    await context.audit.admin_action(admin.name, "user.token", name)
     return json_response(
         {
             "user": name,
@@ -152,7 +152,7 @@ async def new_kubeconfig(request: web.Request) -> web.Response:
     user = await context.store.get_user(name)
     grant = await context.access.grant(user.name, cluster)
     token = await _issue_token(request, caller, user.name, expires_at)
-    await _audit(context, caller.name, "kubeconfig", f"{name}@{cluster}")
+    await context.audit.admin_action(caller.name, "kubeconfig", f"{name}@{cluster}")
     return json_response(
         {
             "kubeconfig": render_kubeconfig(context, cluster, user.name, token),
@@ -335,9 +335,7 @@ async def _expiry_of_callers_token(request: web.Request, caller: User) -> dateti
         if token.token_hash == token_hash:
             return token.expires_at
     # Revoked since the request came: its absence must not read as "never expires".
-    raise UnauthorizedError(
-        "the API token is not valid (unknown, expired or revoked)", code="token_invalid"
-    )
+    raise invalid_token()
 
 
 async def _issue_token(
@@ -378,14 +376,8 @@ async def _access_changed(
     take a while, or be cancelled with the API call.
     """
     context.access.invalidate()
-    await _audit(context, admin, verb, target, cluster=cluster)
+    await context.audit.admin_action(admin, verb, target, cluster)
     return await context.live.access_changed(user=user, cluster=cluster)
-
-
-async def _audit(
-    context: ServerContext, user: str, verb: str, target: str, cluster: str | None = None
-) -> None:
-    await context.audit.admin_action(user, verb, target, cluster)
 
 
 def _groups(value: Any) -> tuple[str, ...]:

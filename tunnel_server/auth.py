@@ -13,6 +13,7 @@ __all__ = [
     "authenticate",
     "bearer_token",
     "confirm",
+    "invalid_token",
     "parse_bearer",
     "require_admin",
 ]
@@ -40,14 +41,19 @@ def parse_bearer(header: str) -> str:
     return token
 
 
+def invalid_token() -> UnauthorizedError:
+    """The 401 for a well-formed token that is not (or no longer) any user's."""
+    return UnauthorizedError(
+        "the API token is not valid (unknown, expired or revoked)", code="token_invalid"
+    )
+
+
 async def authenticate(request: web.Request) -> User:
     """The user whose API token the request carries, or 401."""
     token = bearer_token(request)
     user = await request.app[CONTEXT].access.user_for_token(token)
     if user is None:
-        raise UnauthorizedError(
-            "the API token is not valid (unknown, expired or revoked)", code="token_invalid"
-        )
+        raise invalid_token()
     return user
 
 
@@ -69,8 +75,6 @@ async def confirm(request: web.Request, caller: User) -> None:
     """
     again = await authenticate(request)
     if again.name != caller.name:
-        raise UnauthorizedError(
-            "the API token is not valid (unknown, expired or revoked)", code="token_invalid"
-        )
+        raise invalid_token()
     if caller.is_admin and not again.is_admin:
         raise ForbiddenError(f"user {again.name} is not an admin", code="admin_required")

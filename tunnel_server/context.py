@@ -42,5 +42,12 @@ class ServerContext:
     #: Serials of revoked client certificates, loaded at start, kept current.
     revoked: set[int] = field(default_factory=set)
 
+    async def revoke_cluster(self, cluster: str) -> int:
+        """Revoke every certificate of ``cluster``, in the store and in :attr:`revoked`;
+        return how many the store revoked."""
+        count = await self.store.revoke_cluster_certificates(cluster, utcnow())
+        self.revoked |= await self.store.revoked_serials()
+        return count
+
 
 CONTEXT: web.AppKey[ServerContext] = web.AppKey("context", ServerContext)

@@ -15,12 +15,12 @@ without being logged; sensitive outputs are masked from then on.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 from tunnel_commands import KubernetesBackend, TofuSpec
+from tunnel_pki.files import create_private_file
 
 from .errors import ExecutorError, ProcessError
 from .git import fetch_source
@@ -88,9 +88,7 @@ def _write_backend_override(module: Path, text: str, what: str) -> None:
             )
     target = module / BACKEND_OVERRIDE
     target.unlink(missing_ok=True)
-    descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(text)
+    create_private_file(target, text.encode())  # O_EXCL | O_NOFOLLOW: never through a link
 
 
 def variable_environment(variables: dict[str, Any]) -> dict[str, str]:
