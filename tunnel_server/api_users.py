@@ -143,14 +143,15 @@ async def new_kubeconfig(request: web.Request) -> web.Response:
     # expiring token cannot be traded for one that lives on.
     cap = None if caller.is_admin else await _expiry_of_callers_token(request, caller)
     expires_at = _token_expiry(context, request.query.get("ttl"), cap=cap)
-    if not caller.is_admin and await context.access.grant(caller.name, cluster) is None:
+    # A non-admin asks for itself (above): the grant it needs is the one the kubeconfig uses.
+    grant = await context.access.grant(name, cluster)
+    if not caller.is_admin and grant is None:
         # Which clusters exist is for admins to know: without a grant, one answer for all.
         raise ForbiddenError(
             f"user {caller.name} has no grant on cluster {cluster[:63]!r}", code="not_granted"
         )
     await context.store.get_cluster(cluster)
     user = await context.store.get_user(name)
-    grant = await context.access.grant(user.name, cluster)
     token = await _issue_token(request, caller, user.name, expires_at)
     await context.audit.admin_action(caller.name, "kubeconfig", f"{name}@{cluster}")
     return json_response(
