@@ -34,7 +34,7 @@ async def execute(command: Command, context: ExecutionContext) -> ExecutionResul
     Outputs produced before a failure or timeout are still written.
     """
     client = KubeClient(context.kube)
-    secrets = SecretResolver(context.kube, context.masker, context.own_namespace)
+    secrets = SecretResolver(context.kube, context.masker, context.check_not_own)
     step = Step(context, client, ValueResolver(secrets, context.masker), "spec", context.workdir)
     context.emit(f"{command.type} command {command.name}: attempt {context.attempt} started")
     report: StepReport | None = None

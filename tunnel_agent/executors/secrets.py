@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ from tunnel_commands import OutputRef, SecretRef, Value
 from tunnel_commands.errors import join_path
 
 from ..kubeapi import KubeApi
-from .errors import ExecutorError, own_namespace_error
+from .errors import ExecutorError
 from .masking import Masker
 
 __all__ = ["OutputValue", "SecretResolver", "ValueResolver"]
@@ -42,16 +42,21 @@ class OutputValue:
 class SecretResolver:
     """Reads keys of Secrets through kubernetes_asyncio, caching each Secret for the run."""
 
-    def __init__(self, kube: KubeApi, masker: Masker, own_namespace: str | None = None) -> None:
+    def __init__(
+        self,
+        kube: KubeApi,
+        masker: Masker,
+        check_not_own: Callable[[str | None, str], None] = lambda namespace, path: None,
+    ) -> None:
         self._kube = kube
         self._masker = masker
-        self._own_namespace = own_namespace
+        #: Raises for a namespace commands may not read (ExecutionContext.check_not_own).
+        self._check_not_own = check_not_own
         self._cache: dict[tuple[str, str], dict[str, str]] = {}
 
     async def get(self, ref: SecretRef, path: str) -> str:
         """The text of ``ref``'s key; ``path`` (the spec field) names it in errors."""
-        if ref.namespace == self._own_namespace:
-            raise own_namespace_error(ref.namespace, path)
+        self._check_not_own(ref.namespace, path)
         data = self._cache.get((ref.namespace, ref.name))
         if data is None:
             data = await self._read(ref, path)
