@@ -159,6 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(
         serve,
+        "--agent-return-grace",
+        env + "AGENT_RETURN_GRACE",
+        default="6m",
+        help="how long a command whose agent is not connected waits past its lease "
+        "(and past this server's start) for the agent to come back and resume it, "
+        "before it counts as lost",
+    )
+    env_flag(
+        serve,
         "--agent-image",
         env + "AGENT_IMAGE",
         default=ServerSettings.__dataclass_fields__["agent_image"].default,
@@ -215,7 +224,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             ),
         ),
         commands=CommandSettings(
-            max_pending=_positive(args.max_pending_commands, "--max-pending-commands")
+            max_pending=_positive(args.max_pending_commands, "--max-pending-commands"),
+            agent_return_grace=parse_duration(args.agent_return_grace).total_seconds(),
         ),
         agent_image=args.agent_image,
         audit_retention=_retention(args.audit_retention, "--audit-retention"),

@@ -114,6 +114,12 @@ class CommandSettings:
 
     #: How long an agent holds a command without news before it counts as lost.
     lease: float = 30.0
+    #: How long past its lease a command waits for its agent to come back when
+    #: the agent is not connected (or since this server started, if later):
+    #: agents that lost their server dial again within their back-off (at most
+    #: 5 minutes) and resume what they run. A connected agent's leases are
+    #: judged one lease after it connected.
+    agent_return_grace: float = 360.0
     #: How often leases are checked.
     reap_interval: float = 1.0
     #: How long an agent has to accept or refuse an offer.

@@ -195,6 +195,15 @@ SERVER_FLAGS = [
         20,
     ),
     FlagCase(
+        "--agent-return-grace",
+        "TUNNEL_SERVER_AGENT_RETURN_GRACE",
+        "15m",
+        "90s",
+        lambda a, s: s.commands.agent_return_grace,
+        900.0,
+        90.0,
+    ),
+    FlagCase(
         "--agent-image",
         "TUNNEL_SERVER_AGENT_IMAGE",
         "registry.example/agent:env",
@@ -274,6 +283,7 @@ def test_server_defaults_without_flags_or_environment() -> None:
     assert settings.identity.max_api_token_ttl is None  # tokens live until revoked
     assert settings.tunnel.shutdown_grace == 30.0
     assert settings.commands.max_pending == 10_000
+    assert settings.commands.agent_return_grace == 360.0
     assert settings.tunnel.max_requests_per_user == 1024
     assert settings.tunnel.max_caller_connections == 4096
     assert settings.audit_retention == timedelta(days=90)
@@ -339,6 +349,7 @@ def test_tls_cert_and_key_go_together(flag: str) -> None:
         "--shutdown-grace",
         "--audit-retention",
         "--command-retention",
+        "--agent-return-grace",
     ],
 )
 def test_server_bad_duration_is_refused_with_examples(flag: str) -> None:

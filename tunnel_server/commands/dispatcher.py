@@ -19,7 +19,7 @@ import uuid
 import weakref
 from collections import Counter
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from protocol import kinds
@@ -34,7 +34,7 @@ from ..context import utcnow
 from ..metrics import ServerMetrics
 from ..registry import AgentConnection, AgentRegistry
 from ..store.base import AuditEvent, NotFoundError, Store
-from ..store.commands import CommandRecord, NewCommand
+from ..store.commands import CommandRecord, LapsedLease, NewCommand
 
 __all__ = ["CommandDispatcher"]
 
@@ -410,29 +410,53 @@ class CommandDispatcher:
     # ----------------------------------------------------------------- leases
 
     async def _reap_forever(self) -> None:
-        # After a restart, leases may have run out while the server was down;
-        # agents get one lease to reconnect and resume before any is judged lost.
-        await asyncio.sleep(self.settings.lease)
+        started = utcnow()
         while True:
             await asyncio.sleep(self.settings.reap_interval)
             try:
-                lapsed = await self.store.lapse_leases(utcnow())
+                await self.reap(utcnow(), started)
             except Exception:
                 logger.exception("lease check failed")
-                continue
-            for item in lapsed:
-                record = item.command
-                logger.warning(
-                    "lease of command %s lapsed: %s",
-                    record.id,
-                    "requeued" if item.requeued else record.state,
-                    extra={"cluster": record.cluster, "command": record.id},
-                )
-                self._changed(record.id)
-                if item.requeued:
-                    self.kick(record.cluster)
-                else:
-                    await self._audit(record, "finish", record.submitter)
+
+    async def reap(self, now: datetime, started: datetime) -> list[LapsedLease]:
+        """Judge the leases that ran out, as of ``now``, on a server that started at ``started``.
+
+        Only a cluster's one agent can run its commands, so a lease is not
+        judged while that agent may still come back and resume: a lease of a
+        cluster whose agent is connected is judged once the agent has had a
+        whole lease to report (it connected a lease ago or more); any other
+        lease once :attr:`CommandSettings.agent_return_grace` has passed since
+        it ran out and since this server started (a server that was down had
+        no news of its agents).
+        """
+        clusters = await self.store.lapsed_lease_clusters(now)
+        if not clusters:
+            return []
+        settled_since = now - timedelta(seconds=self.settings.lease)
+        settled = [name for name in clusters if self._connected_since(name, settled_since)]
+        grace_ended = now - timedelta(seconds=self.settings.agent_return_grace)
+        absent_before = grace_ended if started <= grace_ended else None
+        if not settled and absent_before is None:
+            return []
+        lapsed = await self.store.lapse_leases(now, settled, absent_before)
+        for item in lapsed:
+            record = item.command
+            logger.warning(
+                "lease of command %s lapsed: %s",
+                record.id,
+                "requeued" if item.requeued else record.state,
+                extra={"cluster": record.cluster, "command": record.id},
+            )
+            self._changed(record.id)
+            if item.requeued:
+                self.kick(record.cluster)
+            else:
+                await self._audit(record, "finish", record.submitter)
+        return lapsed
+
+    def _connected_since(self, cluster: str, moment: datetime) -> bool:
+        agent = self.registry.get(cluster)
+        return agent is not None and agent.connected_since <= moment
 
     # --------------------------------------------------------------- helpers
 

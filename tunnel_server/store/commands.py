@@ -186,8 +186,18 @@ class CommandStore(abc.ABC):
         """Ask for cancellation: a pending command is cancelled at once."""
 
     @abc.abstractmethod
-    async def lapse_leases(self, now: datetime) -> list[LapsedLease]:
-        """Commands whose lease lapsed: requeued while attempts remain, else lost."""
+    async def lapsed_lease_clusters(self, now: datetime) -> list[str]:
+        """The clusters with a delivered or running command whose lease ran out before ``now``."""
+
+    @abc.abstractmethod
+    async def lapse_leases(
+        self, now: datetime, clusters: Sequence[str], absent_before: datetime | None
+    ) -> list[LapsedLease]:
+        """Judge the leases that ran out before ``now``: requeued while attempts remain, else lost.
+
+        Only the leases of ``clusters`` are judged, and those that ran out
+        before ``absent_before`` (when given), whatever their cluster.
+        """
 
     @abc.abstractmethod
     async def append_command_log(

@@ -347,8 +347,13 @@ class SqliteStore(Store):
     async def request_cancel(self, command_id: str, now: datetime) -> CommandRecord:
         return await self._run(cmd_ops.request_cancel, command_id, now)
 
-    async def lapse_leases(self, now: datetime) -> list[LapsedLease]:
-        return await self._run(cmd_ops.lapse_leases, now)
+    async def lapsed_lease_clusters(self, now: datetime) -> list[str]:
+        return await self._run(cmd_ops.lapsed_lease_clusters, now)
+
+    async def lapse_leases(
+        self, now: datetime, clusters: Sequence[str], absent_before: datetime | None
+    ) -> list[LapsedLease]:
+        return await self._run(cmd_ops.lapse_leases, now, list(clusters), absent_before)
 
     async def append_command_log(
         self, command_id: str, attempt: int, lines: Sequence[str], now: datetime, cap: int

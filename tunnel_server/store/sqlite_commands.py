@@ -33,6 +33,7 @@ __all__ = [
     "finish_command",
     "get_command",
     "lapse_leases",
+    "lapsed_lease_clusters",
     "list_commands",
     "mark_delivered",
     "mark_running",
@@ -295,14 +296,28 @@ def request_cancel(db: sqlite3.Connection, command_id: str, now: datetime) -> Co
         return _record(_row(db, command_id))
 
 
-def lapse_leases(db: sqlite3.Connection, now: datetime) -> list[LapsedLease]:
+def lapsed_lease_clusters(db: sqlite3.Connection, now: datetime) -> list[str]:
+    rows = db.execute(
+        "SELECT DISTINCT cluster FROM commands WHERE state IN ('delivered', 'running')"
+        " AND lease_expires_at < ?",
+        (encode_time(now),),
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def lapse_leases(
+    db: sqlite3.Connection, now: datetime, clusters: list[str], absent_before: datetime | None
+) -> list[LapsedLease]:
     stamp = encode_time(now)
+    # No lease runs out before the earliest time there is: absent_before None judges none so.
+    absent = encode_time(absent_before) if absent_before is not None else ""
     lapsed: list[LapsedLease] = []
     with transaction(db):
         rows = db.execute(
             "SELECT * FROM commands WHERE state IN ('delivered', 'running')"
-            " AND lease_expires_at < ?",
-            (stamp,),
+            " AND lease_expires_at < ?"
+            " AND (cluster IN (SELECT value FROM json_each(?)) OR lease_expires_at < ?)",
+            (stamp, json.dumps(clusters), absent),
         ).fetchall()
         for row in rows:
             record = _record(row)
