@@ -160,7 +160,7 @@ class FrontDoor(asyncio.Protocol):
             if not data:
                 return
         self._buffer += data
-        if self._task is None:
+        if self._task is None and not self._writing_paused:
             self._next_request()
         elif len(self._buffer) > MAX_HEAD:
             self._pause_reading()  # pipelined requests wait their turn, bounded
@@ -179,6 +179,8 @@ class FrontDoor(asyncio.Protocol):
         self._writing_paused = False
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_result(None)
+        elif self._task is None and self._body is None and not self._lost:
+            self._go_on()  # between requests: the next one waited for the caller to read
 
     # ------------------------------------------------------------- public
 
@@ -254,16 +256,19 @@ class FrontDoor(asyncio.Protocol):
         self._idle_deadline = None  # the timer runs between requests only
         if self._counted:
             self._callers.busy(self)
-        rest = bytes(memoryview(self._buffer)[end + 4 :])
-        self._buffer.clear()
+        # Deleting from the front of a bytearray moves its start, not the rest:
+        # a long pipeline is not copied once per request.
+        del self._buffer[: end + 4]
         self._scanned = 0
         body: RequestBody | None = None
         if request.content_length:
             body = self._body = RequestBody(
                 request.content_length, self._pause_reading, self._resume_reading
             )
-            rest = body.feed(rest)
-        self._buffer += rest
+            if self._buffer:
+                taken = bytes(self._buffer[: request.content_length])
+                del self._buffer[: len(taken)]
+                body.feed(taken)
         self._keep_alive = request.keep_alive
         self._task = self._loop.create_task(self._serve(request, cluster, body))
         self._task.add_done_callback(self._request_done)
@@ -289,7 +294,16 @@ class FrontDoor(asyncio.Protocol):
             self.close()
             return
         self._arm_idle_timer()
-        self._resume_reading()
+        if not self._writing_paused:
+            self._go_on()
+        # else: the caller is not reading its answers; resume_writing goes on.
+
+    def _go_on(self) -> None:
+        """Between requests: read on, and start the next request if it came."""
+        # Reading stays paused while the pipelined requests already read pass
+        # MAX_HEAD: each answer must not let one more read in.
+        if len(self._buffer) <= MAX_HEAD:
+            self._resume_reading()
         if self._buffer:
             self._next_request()
 
@@ -353,7 +367,7 @@ class FrontDoor(asyncio.Protocol):
         except ProxyRefusal as refusal:
             exchange.refused(refusal)
             if not head_sent:
-                self._answer_status(refusal, request.header("accept") or "")
+                self._answer_status(refusal, request)
         except ConnectionError:
             # The caller went away mid-response: the relayed request ends too.
             logger.info("the caller left mid-response", extra={"cluster": cluster})
@@ -366,7 +380,7 @@ class FrontDoor(asyncio.Protocol):
             if not head_sent:
                 self._answer_status(
                     ProxyRefusal(500, "InternalError", "the tunnel server failed; see its log"),
-                    request.header("accept") or "",
+                    request,
                 )
 
     async def _relay_response(
@@ -464,15 +478,18 @@ class FrontDoor(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
-    def _answer_status(self, refusal: ProxyRefusal, accept: str) -> None:
+    def _answer_status(self, refusal: ProxyRefusal, request: CallerRequest) -> None:
         if self._body is not None and not self._body.complete:
             self._keep_alive = False  # the rest of the body is still on its way
+        accept = request.header("accept") or ""
         body, content_type = error_answer(refusal.code, refusal.reason, refusal.message, accept)
         headers = [("content-type", content_type), ("content-length", str(len(body)))]
         if refusal.retry:
             headers.append(("retry-after", "1"))
         if not self._keep_alive:
             headers.append(("connection", "close"))
+        if request.method == "HEAD":
+            body = b""  # the head a GET would get, without its body (RFC 9110, 9.3.2)
         with contextlib.suppress(ConnectionError):
             self._write(response_head(refusal.code, "", headers) + body)
 
@@ -499,7 +516,7 @@ class FrontDoor(asyncio.Protocol):
                 f"the tunnel server holds {callers.limit} caller connections, its limit "
                 "(--max-caller-connections), each serving a request; try again shortly",
             ),
-            request.header("accept") or "",
+            request,
         )
         self._buffer = bytearray()
         self.close()
@@ -524,9 +541,7 @@ class FrontDoor(asyncio.Protocol):
             )
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
-        if self._writing_paused:
-            # The transport will call resume_writing() on its new protocol.
-            protocol.pause_writing()
+        # Writes are flowing: no request starts while they are paused.
         if self._reading_paused:
             self._reading_paused = False
             transport.resume_reading()

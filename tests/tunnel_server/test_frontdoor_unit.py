@@ -104,15 +104,17 @@ def front_door() -> tuple[FrontDoor, FakeTransport, FakeAiohttp, FrontDoors]:
     return door, transport, aiohttp, doors
 
 
-async def test_a_connection_handed_over_while_writes_are_paused_pauses_aiohttps_protocol() -> None:
-    """The transport will call resume_writing() on aiohttp's protocol: it must know it paused."""
+async def test_a_request_that_comes_while_writes_are_paused_waits_for_them() -> None:
+    """A caller not reading its answers gets no new request started, not even aiohttp's."""
     door, transport, aiohttp, doors = front_door()
     door.pause_writing()
     door.data_received(HEALTHZ)
+    assert transport.protocol is None
+    assert doors.open == {door}
+    door.resume_writing()
     assert handed_to(transport) is aiohttp
     assert doors.open == set()
-    # Paused before it gets the request: it must not write into a full transport.
-    assert aiohttp.calls == ["connection_made", "pause_writing", "data_received"]
+    assert aiohttp.calls == ["connection_made", "data_received"]
     assert bytes(aiohttp.received) == HEALTHZ
 
 
