@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import cast
 
 from tests.e2e import test_kubectl_tunnel as kubectl_e2e
 from tests.e2e.test_kubectl_tunnel import Tunnel
@@ -88,7 +89,7 @@ async def non_reading_caller(tunnel: Tunnel) -> Caller:
     reader, writer = await asyncio.open_connection(
         sock=sock, ssl=client_context(tunnel.server.ca_pem), server_hostname="127.0.0.1"
     )
-    writer.transport.pause_reading()
+    cast(asyncio.Transport, writer.transport).pause_reading()
     return Caller(reader, writer)
 
 
@@ -111,9 +112,8 @@ async def test_a_caller_that_reads_no_answers_stops_the_pipeline_and_loses_none(
         assert len(door._buffer) < BOUND
         # Before, refusals were written whatever the caller read, and the next
         # request started at once: the server held every answer (16 MB here).
-        writer_transport = connection.writer.transport
         answers = AnswerCounter(connection)
-        writer_transport.resume_reading()
+        cast(asyncio.Transport, connection.writer.transport).resume_reading()
         try:
             await until(lambda: answers.count == PIPELINED, max_turns=10**7)
         finally:
