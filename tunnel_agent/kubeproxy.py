@@ -38,6 +38,7 @@ from .upstream import (
     UpstreamPool,
     UpstreamRequestError,
     UpstreamResponse,
+    check_sendable,
 )
 
 __all__ = ["KubeProxy"]
@@ -162,7 +163,13 @@ class KubeProxy:
     async def _through_aiohttp(
         self, stream: MuxStream, head: RequestHead, headers: list[tuple[str, str]]
     ) -> Refusal | None:
-        """Relay an upgrade or a HEAD request; a refusal if the API server is out of reach."""
+        """Relay an upgrade or a HEAD request; a refusal if it cannot be, or the API server
+        is out of reach."""
+        try:
+            check_sendable(headers)
+        except UpstreamRequestError as exc:
+            logger.info("cannot relay %s %s: %s", head.method, head.path[:200], exc)
+            return Refusal(400, "BadRequest", f"the agent cannot relay this: {exc}")
         try:
             if head.upgrade:
                 await relay_upgrade(self.api, self.requests, stream, head, headers)

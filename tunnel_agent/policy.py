@@ -89,9 +89,10 @@ class ProxyPolicy:
             if not (request.is_read or self_review):
                 what = request.subresource or request.verb
                 return _forbidden(f"this agent is read-only: {what} is not allowed")
-            if head.upgrade and request.verb != "watch":
+            if head.upgrade and (request.verb != "watch" or request.subresource):
                 # An interactive session on a subresource read as a get (a
-                # virtual machine's console, say) is as good as exec.
+                # virtual machine's console, say) is as good as exec. A watch
+                # names no subresource (and ?watch counts only on collections).
                 what = request.subresource or request.path
                 return _forbidden(
                     f"this agent is read-only: an interactive connection to {what[:64]!r}"
@@ -119,6 +120,13 @@ class ProxyPolicy:
         if request.namespace not in self.namespaces:
             where = request.namespace or "cluster-wide"
             return _forbidden(f"this agent serves namespaces {scope} only, not {where} requests")
+        if request.resource == "namespaces" and not request.api_group and not request.is_read:
+            # The Namespace object is cluster-scoped: its labels (Pod Security
+            # admission), finalizers and its deletion are the cluster owner's.
+            return _forbidden(
+                f"this agent serves what is in namespaces {scope}, not changes to the "
+                f"Namespace object {request.namespace!r} itself"
+            )
         return None
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "UpstreamPool",
     "UpstreamRequestError",
     "UpstreamResponse",
+    "check_sendable",
 ]
 
 logger = logging.getLogger(__name__)
@@ -289,6 +290,16 @@ class UpstreamPool:
             lines += b"transfer-encoding: chunked\r\n"
         request_line = f"{method} {self._prefix}{path} HTTP/1.1\r\nhost: {self._authority}\r\n"
         return _encode(request_line) + lines + b"\r\n", length
+
+
+def check_sendable(headers: Sequence[tuple[str, str]]) -> None:
+    """Raise :class:`UpstreamRequestError` unless ``headers`` can be sent as they are.
+
+    For the requests another client sends (HEAD and upgrades go through
+    aiohttp): the same rule as this client's, so a request refused here is
+    refused there, with the same message, before any connection is opened.
+    """
+    _header_lines(tuple(headers))
 
 
 @functools.lru_cache(maxsize=64)

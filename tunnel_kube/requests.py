@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from urllib.parse import unquote, unquote_plus
 
@@ -12,6 +13,8 @@ __all__ = ["CONNECT_SUBRESOURCES", "ApiRequest", "parse_api_request"]
 CONNECT_SUBRESOURCES = frozenset({"exec", "attach", "portforward", "proxy"})
 
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+#: What follows /namespaces/NS that is the namespace's own subresource, not a resource in it.
+_NAMESPACE_SUBRESOURCES = frozenset({"status", "finalize"})
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -102,8 +105,10 @@ def _parse_api_request(method: str, target: str) -> ApiRequest:
         return ApiRequest(verb=lower, is_resource=False, path=path)
     if not rest:
         return ApiRequest(verb=lower, is_resource=False, path=path)
-    watch_prefix = rest[0] == "watch"
-    if watch_prefix:
+    # RequestInfo's special verbs: /watch/... (any method but those below is
+    # read as the method says, which is stricter) and the legacy /proxy/...
+    special = rest[0] if rest[0] in ("watch", "proxy") else ""
+    if special:
         rest = rest[1:]
         if not rest:
             # /api/v1/watch alone names nothing (the API server refuses it).
@@ -111,16 +116,25 @@ def _parse_api_request(method: str, target: str) -> ApiRequest:
     namespace = ""
     if len(rest) >= 2 and rest[0] == "namespaces":
         # /namespaces/NS/RESOURCE/... is namespaced; /namespaces/NS alone is
-        # the namespace object, whose namespace is itself.
+        # the namespace object, whose namespace is itself, and so are its
+        # own subresources (/namespaces/NS/status, /finalize).
         namespace = rest[1]
-        if len(rest) >= 3:
+        if len(rest) >= 3 and rest[2] not in _NAMESPACE_SUBRESOURCES:
             rest = rest[2:]
     resource = rest[0]
     name = rest[1] if len(rest) >= 2 else ""
-    subresource = rest[2] if len(rest) >= 3 else ""
-    watching = watch_prefix or _watch_parameter(query)
-    if method == "GET" or method == "HEAD":
-        verb = "watch" if watching else ("get" if name else "list")
+    # Under /proxy/ what follows the name is the proxied path, not a subresource.
+    subresource = rest[2] if len(rest) >= 3 and special != "proxy" else ""
+    if special == "proxy":
+        verb = "proxy"
+    elif method == "GET" or method == "HEAD":
+        # As the API server reads it: ?watch counts only where no object is named.
+        if special == "watch":
+            verb = "watch"
+        elif name:
+            verb = "get"
+        else:
+            verb = "watch" if _watch_parameter(query) else "list"
     elif method == "DELETE":
         verb = "delete" if name else "deletecollection"
     else:
@@ -139,16 +153,35 @@ def _parse_api_request(method: str, target: str) -> ApiRequest:
 
 
 def _watch_parameter(query: str) -> bool:
-    """Whether the query's first non-empty ``watch`` value is 1 or true (as parse_qs reads it)."""
+    """Whether the query asks for a watch, as the API server decodes it.
+
+    Go's url.ParseQuery (which passes over a pair whose name holds ``;``),
+    then the first ``watch`` value: anything but ``0`` and ``false`` (any
+    case) is true, an empty one and a bare ``watch`` included.
+    """
     if "watch" not in query and "%" not in query:
         return False
     for item in query.split("&"):
+        if ";" in item:
+            continue
         name, _, value = item.partition("=")
-        if "%" in name or "+" in name:
-            name = unquote_plus(name)
-        if name == "watch" and value:
-            return unquote_plus(value).lower() in ("1", "true")
+        decoded = _query_unescape(name)
+        if decoded == "watch":
+            text = _query_unescape(value)
+            if text is None:
+                continue
+            return text != "0" and text.casefold() != "false"
     return False
+
+
+def _query_unescape(text: str) -> str | None:
+    """Go's url.QueryUnescape: None where it fails (a ``%`` without two hex digits)."""
+    if "%" in text and _BAD_ESCAPE.search(text) is not None:
+        return None
+    return unquote_plus(text) if "%" in text or "+" in text else text
+
+
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 _remembered = functools.lru_cache(maxsize=_CACHE_SIZE)(_parse_api_request)

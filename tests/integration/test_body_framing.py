@@ -158,6 +158,22 @@ async def test_the_agent_refuses_an_upgrade_announcing_a_body_whatever_the_serve
     assert framed.seen() == []
 
 
+@pytest.mark.parametrize("upgrade", [False, True])
+async def test_the_agent_answers_400_to_a_control_character_in_a_header_on_any_path(
+    framed: Framed, upgrade: bool
+) -> None:
+    # HEAD and upgrades go through aiohttp, which raised a bare ValueError:
+    # the stream was reset unanswered, with a traceback in the agent's log.
+    method = "GET" if upgrade else "HEAD"
+    watch = "/api/v1/namespaces/default/pods?watch=1"
+    head = RequestHead(method, watch, (*IDENTITY, ("x-note", "a\x01b")), upgrade)
+    stream = await framed.open(head, end_stream=True)
+    answer_to, body = await answer_head(stream)
+    assert answer_to.status == 400, body
+    assert b"the value of the x-note header holds a control character" in body
+    assert framed.seen() == []
+
+
 async def test_the_agent_refuses_a_head_request_with_a_body_whatever_the_server_sent(
     framed: Framed,
 ) -> None:

@@ -24,9 +24,16 @@ async def tunnel(server: RunningServer, tmp_path: Path) -> AsyncIterator[Tunnel]
         yield running
 
 
-async def test_a_console_on_a_subresource_read_as_a_get_is_not_opened(tunnel: Tunnel) -> None:
-    # KubeVirt's serial console: verb get on virtualmachineinstances/console, over a WebSocket.
-    path = "/apis/subresources.kubevirt.io/v1/namespaces/team/virtualmachineinstances/vm/console"
+CONSOLE = "/apis/subresources.kubevirt.io/v1/namespaces/team/virtualmachineinstances/vm/console"
+
+
+# KubeVirt's serial console: verb get on virtualmachineinstances/console, over a
+# WebSocket; with ?watch=true it is still a get to the API server (a watch is of a
+# collection), which read it as a watch here before.
+@pytest.mark.parametrize("path", [CONSOLE, CONSOLE + "?watch=true"])
+async def test_a_console_on_a_subresource_read_as_a_get_is_not_opened(
+    tunnel: Tunnel, path: str
+) -> None:
     with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
         await tunnel.http.ws_connect(
             tunnel.base + path,

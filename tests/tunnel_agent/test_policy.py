@@ -86,6 +86,55 @@ def test_read_only_refuses_an_interactive_session_on_a_subresource_read_as_a_get
     assert ProxyPolicy().check(writable) is writable
 
 
+@pytest.mark.parametrize(
+    "target",
+    [
+        CONSOLE + "?watch=true",
+        CONSOLE + "?watch=1&x=y",
+        # /watch/ makes a watch of anything to RBAC, a subresource included.
+        CONSOLE.replace("/v1/", "/v1/watch/"),
+        "/api/v1/namespaces/team/pods/web/log?watch=1",
+    ],
+)
+def test_read_only_refuses_an_interactive_session_disguised_as_a_watch(target: str) -> None:
+    """?watch on a named object is a get to the API server: the upgrade is the console's."""
+    refusal = ProxyPolicy(read_only=True).check(RequestHead("GET", target, ALICE, upgrade=True))
+    assert isinstance(refusal, Refusal)
+    assert refusal.status == 403
+    assert "read-only: an interactive connection" in refusal.message
+
+
+def test_read_only_refuses_the_legacy_proxy_verb() -> None:
+    path = "/api/v1/proxy/namespaces/team/pods/web/shutdown"
+    refusal = ProxyPolicy(read_only=True).check(head("GET", path))
+    assert isinstance(refusal, Refusal)
+    assert refusal.message == "this agent is read-only: proxy is not allowed"
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("PATCH", "/api/v1/namespaces/team"),
+        ("PUT", "/api/v1/namespaces/team"),
+        ("DELETE", "/api/v1/namespaces/team"),
+        ("PUT", "/api/v1/namespaces/team/finalize"),
+        ("PATCH", "/api/v1/namespaces/team/status"),
+    ],
+)
+def test_a_scoped_agent_refuses_changes_to_its_namespace_object(method: str, path: str) -> None:
+    """Its Pod Security labels, finalizers and its deletion are the cluster owner's."""
+    policy = ProxyPolicy(namespaces=frozenset({"team"}))
+    refusal = policy.check(head(method, path))
+    assert isinstance(refusal, Refusal)
+    assert refusal.message == (
+        "this agent serves what is in namespaces team, not changes to the Namespace object "
+        "'team' itself"
+    )
+    for read in ("/api/v1/namespaces/team", "/api/v1/namespaces/team/status"):
+        request = head("GET", read)
+        assert policy.check(request) is request
+
+
 def test_read_only_lets_a_watch_over_a_websocket_through() -> None:
     request = RequestHead("GET", "/api/v1/namespaces/team/pods?watch=1", ALICE, upgrade=True)
     assert ProxyPolicy(read_only=True).check(request) is request

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 from hypothesis import given
@@ -38,6 +37,17 @@ from tunnel_kube.requests import ApiRequest
             "",
         ),
         ("GET", "/api/v1/watch/namespaces/ns/pods", "watch", "ns", "pods", "", ""),
+        # With an object named, ?watch is ignored: a get, as the API server reads it.
+        ("GET", "/api/v1/namespaces/ns/pods/p?watch=1", "get", "ns", "pods", "p", ""),
+        ("GET", "/api/v1/namespaces/ns/pods/p/log?watch=true", "get", "ns", "pods", "p", "log"),
+        # Any first watch value but 0 and false asks for a watch, a bare one too.
+        ("GET", "/api/v1/namespaces/ns/pods?watch", "watch", "ns", "pods", "", ""),
+        ("GET", "/api/v1/namespaces/ns/pods?watch=yes", "watch", "ns", "pods", "", ""),
+        ("GET", "/api/v1/namespaces/ns/pods?watch=FALSE", "list", "ns", "pods", "", ""),
+        # The namespace's own subresources, and the legacy proxy verb.
+        ("PUT", "/api/v1/namespaces/ns/finalize", "update", "ns", "namespaces", "ns", "finalize"),
+        ("PUT", "/api/v1/namespaces/ns/status", "update", "ns", "namespaces", "ns", "status"),
+        ("GET", "/api/v1/proxy/namespaces/ns/pods/p/x", "proxy", "ns", "pods", "p", ""),
         ("GET", "/api/v1/namespaces/ns/pods/p1/log?follow=true", "get", "ns", "pods", "p1", "log"),
         (
             "POST",
@@ -100,46 +110,105 @@ def test_non_resource_requests_keep_the_lower_case_method(target: str) -> None:
     assert request.path == target.partition("?")[0]
 
 
-def _former_parse(method: str, target: str) -> ApiRequest:
-    """The former implementation, on urlsplit and parse_qs (with the /watch fix): the reference."""
-    split = urlsplit(target)
-    path = split.path
-    parts = [unquote(part) for part in path.strip("/").split("/")] if path.strip("/") else []
+_HEX = "0123456789abcdefABCDEF"
+
+
+def _go_unescape(text: str, *, plus: bool) -> str:
+    """Go's url.PathUnescape / QueryUnescape (``plus``): ValueError on a bad escape."""
+    data = text.encode()
+    out = bytearray()
+    index = 0
+    while index < len(data):
+        byte = data[index]
+        if byte == 0x25:  # %
+            digits = data[index + 1 : index + 3].decode("latin-1")
+            if len(digits) != 2 or any(c not in _HEX for c in digits):
+                raise ValueError(text)
+            out.append(int(digits, 16))
+            index += 3
+            continue
+        out.append(0x20 if byte == 0x2B and plus else byte)
+        index += 1
+    return out.decode("utf-8", "replace")
+
+
+def _go_query(raw: str) -> dict[str, list[str]]:
+    """Go's url.ParseQuery: pairs holding ``;`` or a bad escape are passed over."""
+    values: dict[str, list[str]] = {}
+    for part in raw.split("&"):
+        if not part or ";" in part:
+            continue
+        name, _, value = part.partition("=")
+        try:
+            name, value = _go_unescape(name, plus=True), _go_unescape(value, plus=True)
+        except ValueError:
+            continue
+        values.setdefault(name, []).append(value)
+    return values
+
+
+def _request_info(method: str, target: str) -> ApiRequest:
+    """k8s.io/apiserver's RequestInfoFactory.NewRequestInfo, ported: the reference."""
+    path, _, query = target.partition("#")[0].partition("?")
+    decoded = _go_unescape(path, plus=False)
+    parts = decoded.strip("/").split("/") if decoded.strip("/") else []
     lower = method.lower()
-    if len(parts) >= 2 and parts[0] == "api":
-        group, version, rest = "", parts[1], parts[2:]
-    elif len(parts) >= 3 and parts[0] == "apis":
-        group, version, rest = parts[1], parts[2], parts[3:]
-    else:
+    if len(parts) < 3 or parts[0] not in ("api", "apis"):
         return ApiRequest(verb=lower, is_resource=False, path=path)
-    if not rest:
-        return ApiRequest(verb=lower, is_resource=False, path=path)
-    watch_prefix = rest[0] == "watch"
-    if watch_prefix:
-        rest = rest[1:]
-        if not rest:
-            # /api/v1/watch alone names nothing (the API server refuses it).
+    current = parts[1:]
+    group = ""
+    if parts[0] == "apis":
+        if len(current) < 3:
             return ApiRequest(verb=lower, is_resource=False, path=path)
+        group, current = current[0], current[1:]
+    version, current = current[0], current[1:]
+    verbs = {"POST": "create", "GET": "get", "HEAD": "get", "PUT": "update"}
+    verbs |= {"PATCH": "patch", "DELETE": "delete"}
+    verb = verbs.get(method, lower)
+    if current[0] in ("proxy", "watch"):
+        if len(current) < 2:
+            return ApiRequest(verb=lower, is_resource=False, path=path)  # an error there
+        # The one deliberate difference: /watch/ with a method other than GET
+        # or HEAD, which the API server authorizes as a watch and then has no
+        # route for, is read as its method says (stricter).
+        if current[0] == "proxy" or method in ("GET", "HEAD"):
+            verb = current[0]
+        current = current[1:]
     namespace = ""
-    if len(rest) >= 2 and rest[0] == "namespaces":
-        namespace = rest[1]
-        if len(rest) >= 3:
-            rest = rest[2:]
-    resource = rest[0]
-    name = rest[1] if len(rest) >= 2 else ""
-    subresource = rest[2] if len(rest) >= 3 else ""
-    watching = watch_prefix or parse_qs(split.query).get("watch", [""])[0].lower() in ("1", "true")
-    if method in ("GET", "HEAD"):
-        verb = "watch" if watching else ("get" if name else "list")
-    elif method == "DELETE":
-        verb = "delete" if name else "deletecollection"
-    else:
-        verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, lower)
-    return ApiRequest(verb, True, path, group, version, namespace, resource, subresource, name)
+    if current[0] == "namespaces" and len(current) > 1:
+        namespace = current[1]
+        if len(current) > 2 and current[2] not in ("status", "finalize"):
+            current = current[2:]
+    subresource = current[2] if len(current) >= 3 and verb != "proxy" else ""
+    name = current[1] if len(current) >= 2 else ""
+    if not name and verb == "get":
+        watch = _go_query(query).get("watch", [])
+        asked = bool(watch) and watch[0] != "0" and watch[0].casefold() != "false"
+        verb = "watch" if asked else "list"
+    if not name and verb == "delete":
+        verb = "deletecollection"
+    return ApiRequest(verb, True, path, group, version, namespace, current[0], subresource, name)
 
 
 _SEGMENT = st.sampled_from(
-    ["api", "apis", "apps", "v1", "watch", "namespaces", "ns", "pods", "p", "log", "a%2Fb", "%7E"]
+    [
+        "api",
+        "apis",
+        "apps",
+        "v1",
+        "watch",
+        "proxy",
+        "namespaces",
+        "ns",
+        "pods",
+        "p",
+        "log",
+        "status",
+        "finalize",
+        "console",
+        "%7E",
+        "n%73",
+    ]
 )
 _QUERY = st.sampled_from(
     [
@@ -148,11 +217,18 @@ _QUERY = st.sampled_from(
         "watch=true",
         "watch=0",
         "watch=",
+        "watch",
+        "watch=yes",
+        "watch=FALSE",
         "w%61tch=1",
         "watch=TRUE",
         "watch=tru%65",
+        "watch=f%61lse",
         "a=b&watch=1",
         "watch=&watch=1",
+        "watch=0&watch=1",
+        "watch=%zz&watch=0",
+        "watch=1;x=y&watch=0",
         "watch+=1",
         "watching=1",
         "x=watch",
@@ -162,14 +238,14 @@ _QUERY = st.sampled_from(
 
 @given(
     st.sampled_from(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]),
-    st.lists(_SEGMENT, max_size=7),
+    st.lists(_SEGMENT, max_size=8),
     _QUERY,
 )
-def test_agrees_with_the_urlsplit_and_parse_qs_reading(
+def test_agrees_with_the_api_servers_request_info(
     method: str, segments: list[str], query: str
 ) -> None:
     target = "/" + "/".join(segments) + (f"?{query}" if query else "")
-    assert parse_api_request(method, target) == _former_parse(method, target)
+    assert parse_api_request(method, target) == _request_info(method, target)
 
 
 def test_a_repeated_request_reads_the_same_whatever_its_length() -> None:
