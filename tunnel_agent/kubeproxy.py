@@ -57,10 +57,20 @@ _DROPPED_REQUEST = HOP_BY_HOP | {
 }
 
 
+#: The API server's front-proxy identity headers (--requestheader-*-headers' defaults):
+#: it reads them only from a client certificate it trusts for that, never the agent's
+#: token, but they name an identity and no request of a caller needs them.
+_FRONT_PROXY_IDENTITY = "x-remote-"
+
+
 @functools.lru_cache(maxsize=64)
 def _forwarded(headers: Headers) -> Headers:
     """The caller's headers the agent passes on (remembered per block, as the policy's answer)."""
-    return tuple((name, value) for name, value in headers if name not in _DROPPED_REQUEST)
+    return tuple(
+        (name, value)
+        for name, value in headers
+        if name not in _DROPPED_REQUEST and not name.startswith(_FRONT_PROXY_IDENTITY)
+    )
 
 
 def _body_refusal(head: RequestHead, stream: MuxStream) -> Refusal | None:

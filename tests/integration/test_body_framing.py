@@ -158,6 +158,29 @@ async def test_the_agent_refuses_an_upgrade_announcing_a_body_whatever_the_serve
     assert framed.seen() == []
 
 
+@pytest.mark.parametrize("framed", [ProxyPolicy()], indirect=True)
+async def test_no_credential_or_front_proxy_identity_header_reaches_the_api_server(
+    framed: Framed,
+) -> None:
+    sent = [
+        ("authorization", "Bearer the-servers-choice"),
+        ("cookie", "session=1"),
+        ("x-remote-user", "system:admin"),
+        ("x-remote-group", "system:masters"),
+        ("x-remote-extra-scopes", "all"),
+        ("accept", "application/json"),
+    ]
+    head = RequestHead("GET", "/api/v1/namespaces/default/pods", (*IDENTITY, *sent), False)
+    answer_to, _ = await answer_head(await framed.open(head, end_stream=True))
+    assert answer_to.status == 200
+    [exchange] = framed.origin.exchanges
+    names = [name.lower() for name, _ in exchange.headers]
+    assert "cookie" not in names
+    assert not [name for name in names if name.startswith("x-remote-")]
+    assert exchange.header("authorization") == "Bearer agent-service-account-token"
+    assert exchange.header("accept") == "application/json"
+
+
 @pytest.mark.parametrize("upgrade", [False, True])
 async def test_the_agent_answers_400_to_a_control_character_in_a_header_on_any_path(
     framed: Framed, upgrade: bool
