@@ -68,9 +68,8 @@ KEEPALIVE_TIMEOUT = 75.0
 LINGER_SECONDS = 5.0
 #: Bytes of an answer gathered before they are written to the caller's socket.
 OUTPUT_FLUSH = 64 * 1024
-#: How early a timer may fire and still count as on time: uvloop's clock and
-#: timers keep whole milliseconds, so a timer may fire up to 1 ms before its
-#: deadline, and setting it again for the same deadline would fire it again at once.
+#: How early a timer may fire and still count as on time: uvloop's timers keep whole
+#: milliseconds, so one may fire up to 1 ms early (and, set again, fire again at once).
 TIMER_SLACK = 0.002
 
 
@@ -256,9 +255,7 @@ class FrontDoor(asyncio.Protocol):
         self._idle_deadline = None  # the timer runs between requests only
         if self._counted:
             self._callers.busy(self)
-        # Deleting from the front of a bytearray moves its start, not the rest:
-        # a long pipeline is not copied once per request.
-        del self._buffer[: end + 4]
+        del self._buffer[: end + 4]  # moves the bytearray's start: the rest is not copied
         self._scanned = 0
         body: RequestBody | None = None
         if request.content_length:
@@ -294,12 +291,13 @@ class FrontDoor(asyncio.Protocol):
             self.close()
             return
         self._arm_idle_timer()
-        if not self._writing_paused:
+        if not self._writing_paused:  # else resume_writing goes on, once the caller reads
             self._go_on()
-        # else: the caller is not reading its answers; resume_writing goes on.
 
     def _go_on(self) -> None:
         """Between requests: read on, and start the next request if it came."""
+        if self._transport is None or self._transport.is_closing():
+            return
         # Reading stays paused while the pipelined requests already read pass
         # MAX_HEAD: each answer must not let one more read in.
         if len(self._buffer) <= MAX_HEAD:
