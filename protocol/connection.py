@@ -147,6 +147,11 @@ class Connection:
         return self._sharing.min_rtt
 
     @property
+    def last_received(self) -> float | None:
+        """When the peer's last message came (the ``now`` given with it); None before any."""
+        return self._liveness.last_received
+
+    @property
     def closed(self) -> bool:
         """True once the connection has ended."""
         return self.state is ConnectionState.CLOSED

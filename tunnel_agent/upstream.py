@@ -298,8 +298,10 @@ def check_sendable(headers: Sequence[tuple[str, str]]) -> None:
     For the requests another client sends (HEAD and upgrades go through
     aiohttp): the same rule as this client's, so a request refused here is
     refused there, with the same message, before any connection is opened.
+    Every header is checked, those this client would set itself included,
+    and nothing is remembered (each upgrade's headers are its own).
     """
-    _header_lines(tuple(headers))
+    _check_names_and_values([name for name, _ in headers], [value for _, value in headers])
 
 
 @functools.lru_cache(maxsize=64)
@@ -326,6 +328,11 @@ def _header_lines(headers: tuple[tuple[str, str], ...]) -> tuple[bytes, int | No
         names.append(name)
         values.append(value)
         lines.append(f"{name}: {value}\r\n")
+    _check_names_and_values(names, values)
+    return _encode("".join(lines)), length
+
+
+def _check_names_and_values(names: list[str], values: list[str]) -> None:
     # One check over all names and one over all values: each header checked
     # alone would cost as much as the rest of the head's encoding.
     joined = " ".join(names)
@@ -337,7 +344,6 @@ def _header_lines(headers: tuple[tuple[str, str], ...]) -> tuple[bytes, int | No
             f"the value of the {culprit} header holds a control character (CR, LF ...): "
             "it cannot be sent"
         )
-    return _encode("".join(lines)), length
 
 
 def _encode(text: str) -> bytes:

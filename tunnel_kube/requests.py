@@ -60,8 +60,9 @@ class ApiRequest:
 
     @property
     def is_connect(self) -> bool:
-        """exec, attach, port-forward or proxy: a connection into the cluster."""
-        return self.subresource in CONNECT_SUBRESOURCES
+        """exec, attach, port-forward or proxy (also the legacy /proxy/ verb): a connection
+        into the cluster."""
+        return self.subresource in CONNECT_SUBRESOURCES or self.verb == "proxy"
 
     @property
     def is_read(self) -> bool:

@@ -137,6 +137,11 @@ class Session:
     def streams(self) -> int:
         return len(self._streams)
 
+    def silent_for(self) -> float | None:
+        """Seconds since the peer was last heard from; None if it never was."""
+        heard = self.connection.last_received
+        return None if heard is None else max(0.0, self._clock() - heard)
+
     @property
     def transport(self) -> MessageTransport:
         """What the session's messages go over."""

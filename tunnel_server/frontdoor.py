@@ -10,8 +10,7 @@ is handed to aiohttp with the bytes read so far, and the connection is
 aiohttp's from then on, for that one request (app.py closes it after): the
 agent socket, the REST API, upgrades (exec, attach, port-forward).
 
-Why: aiohttp's server costs more per request than the whole tunnel on the
-request path (docs/benchmarks.md, "Kubernetes API proxy").
+Why: aiohttp's server costs more per request than the rest of the tunnel (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -266,6 +265,8 @@ class FrontDoor(asyncio.Protocol):
                 taken = bytes(self._buffer[: request.content_length])
                 del self._buffer[: len(taken)]
                 body.feed(taken)
+            if body.wants_more:  # reading may be paused: the pipeline was over its bound
+                self._resume_reading()
         self._keep_alive = request.keep_alive
         self._task = self._loop.create_task(self._serve(request, cluster, body))
         self._task.add_done_callback(self._request_done)
@@ -298,8 +299,7 @@ class FrontDoor(asyncio.Protocol):
         """Between requests: read on, and start the next request if it came."""
         if self._transport is None or self._transport.is_closing():
             return
-        # Reading stays paused while the pipelined requests already read pass
-        # MAX_HEAD: each answer must not let one more read in.
+        # Past MAX_HEAD of pipelined requests held, an answer lets no more in.
         if len(self._buffer) <= MAX_HEAD:
             self._resume_reading()
         if self._buffer:

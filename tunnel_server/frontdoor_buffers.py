@@ -38,6 +38,11 @@ class RequestBody:
         """Every byte of the body was received from the caller."""
         return self.remaining == 0
 
+    @property
+    def wants_more(self) -> bool:
+        """More of the body is to come, and there is room to hold it."""
+        return self.remaining > 0 and self._size <= BODY_HIGH_WATER
+
     def feed(self, data: bytes) -> bytes:
         """Take the body's part of ``data``; return what follows it."""
         if not data or self.remaining == 0:

@@ -214,8 +214,10 @@ async def open_relay(
     path = upstream_path(raw_target, cluster)
     exchange.path = path.split("?", 1)[0]
     api_request = parse_api_request(exchange.method, path)
-    # exec, attach, portforward are audited as what they are, not as get/create.
-    exchange.verb = api_request.subresource if api_request.is_connect else api_request.verb
+    # exec, attach, portforward are audited as what they are, not as get/create
+    # (the legacy /proxy/ verb has no subresource: its verb says proxy).
+    connect = api_request.is_connect
+    exchange.verb = (api_request.subresource or api_request.verb) if connect else api_request.verb
     if remembered is not None:
         forwarded = remembered.forwarded
         credential = remembered.credential

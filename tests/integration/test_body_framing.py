@@ -181,19 +181,23 @@ async def test_no_credential_or_front_proxy_identity_header_reaches_the_api_serv
     assert exchange.header("accept") == "application/json"
 
 
-@pytest.mark.parametrize("upgrade", [False, True])
+@pytest.mark.parametrize(
+    ("upgrade", "header"),
+    [(False, "x-note"), (True, "x-note"), (True, "upgrade")],
+)
 async def test_the_agent_answers_400_to_a_control_character_in_a_header_on_any_path(
-    framed: Framed, upgrade: bool
+    framed: Framed, upgrade: bool, header: str
 ) -> None:
     # HEAD and upgrades go through aiohttp, which raised a bare ValueError:
     # the stream was reset unanswered, with a traceback in the agent's log.
+    # The Upgrade value is the caller's too: the agent copies it.
     method = "GET" if upgrade else "HEAD"
     watch = "/api/v1/namespaces/default/pods?watch=1"
-    head = RequestHead(method, watch, (*IDENTITY, ("x-note", "a\x01b")), upgrade)
+    head = RequestHead(method, watch, (*IDENTITY, (header, "websocket\x01")), upgrade)
     stream = await framed.open(head, end_stream=True)
     answer_to, body = await answer_head(stream)
     assert answer_to.status == 400, body
-    assert b"the value of the x-note header holds a control character" in body
+    assert f"the value of the {header} header holds a control character".encode() in body
     assert framed.seen() == []
 
 

@@ -279,6 +279,29 @@ async def test_data_for_a_peer_gone_quiet_carries_a_ping_and_ends_the_session_wh
     await run
 
 
+async def test_silent_for_counts_from_the_peers_last_message() -> None:
+    later = 0.0
+    client_transport, server_transport = transport_pair()
+    server = Session(
+        server_transport, Connection(Side.SERVER), clock=lambda: time.monotonic() + later
+    )
+    assert server.silent_for() is None  # nothing heard yet
+    client_connection = Connection(Side.CLIENT)
+    for message in client_connection.data_to_send():
+        await client_transport.send(message)
+    run = asyncio.create_task(server.run())
+    await server.wait_ready()
+    heard = server.silent_for()
+    assert heard is not None
+    assert heard < 60.0
+    later = 3600.0  # as the session's clock sees it, an hour passes without a message
+    silent = server.silent_for()
+    assert silent is not None
+    assert 3600.0 <= silent < 3660.0
+    run.cancel()
+    await asyncio.gather(run, return_exceptions=True)
+
+
 async def test_read_ready_says_whether_read_would_answer_at_once() -> None:
     async def send_then_end(stream: MuxStream) -> None:
         await stream.write(b"hello")

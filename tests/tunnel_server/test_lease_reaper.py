@@ -32,7 +32,13 @@ GRACE = 360.0
 
 @dataclass
 class OpenSession:
+    """An agent's session: open, its peer last heard from ``silent`` seconds ago."""
+
+    silent: float | None = 0.0
     is_open: bool = True
+
+    def silent_for(self) -> float | None:
+        return self.silent
 
 
 @pytest.fixture
@@ -63,9 +69,13 @@ async def running(
     assert await store.mark_running(command_id, 1, LONG_AGO, lease_until) is not None
 
 
-def connect(registry: AgentRegistry, cluster: str, since: datetime) -> None:
-    session = cast(Any, OpenSession())
-    registry.attach(AgentConnection(cluster, session, 1, None, None, since))
+def connect(
+    registry: AgentRegistry, cluster: str, since: datetime, silent: float | None = 0.0
+) -> OpenSession:
+    """The cluster's agent, connected since ``since`` and heard ``silent`` seconds ago."""
+    session = OpenSession(silent)
+    registry.attach(AgentConnection(cluster, cast(Any, session), 1, None, None, since))
+    return session
 
 
 async def state_of(store: SqliteStore, command_id: str) -> str:
@@ -109,6 +119,24 @@ async def test_a_connected_agent_has_one_lease_to_resume_then_its_leases_are_jud
     [lapsed] = await dispatcher.reap(NOW + timedelta(seconds=LEASE - 10), LONG_AGO)
     # It did not: the agent that is back does not run attempt 1; attempt 2 may go.
     assert (lapsed.command.state, lapsed.requeued) == ("pending", True)
+
+
+async def test_a_connected_agent_not_heard_from_since_the_lease_ran_out_is_not_judged_on(
+    store: SqliteStore, registry: AgentRegistry, dispatcher: CommandDispatcher
+) -> None:
+    # A link gone dead without a close stays registered until its keepalive
+    # fails (up to 30 s): the agent may be dialling again, still running c1.
+    await running(store, "c1", "prod", NOW - timedelta(seconds=2))
+    session = connect(registry, "prod", LONG_AGO, silent=10.0)
+    assert await dispatcher.reap(NOW, LONG_AGO) == []
+    session.silent = 3.0  # heard from just before the lease ran out: still no news
+    assert await dispatcher.reap(NOW, LONG_AGO) == []
+    session.silent = None  # nothing heard on this connection yet
+    assert await dispatcher.reap(NOW, LONG_AGO) == []
+    assert await state_of(store, "c1") == "running"
+    session.silent = 1.0  # heard from since: it is there, and c1 is not
+    [lapsed] = await dispatcher.reap(NOW, LONG_AGO)
+    assert lapsed.command.state == "lost"
 
 
 async def test_each_cluster_is_judged_by_its_own_agent(

@@ -424,21 +424,22 @@ class CommandDispatcher:
         Only a cluster's one agent can run its commands, so a lease is not
         judged while that agent may still come back and resume: a lease of a
         cluster whose agent is connected is judged once the agent has had a
-        whole lease to report (it connected a lease ago or more); any other
-        lease once :attr:`CommandSettings.agent_return_grace` has passed since
-        it ran out and since this server started (a server that was down had
-        no news of its agents).
+        whole lease to report (it connected a lease ago or more) and has been
+        heard from since the lease ran out; any other lease once
+        :attr:`CommandSettings.agent_return_grace` has passed since it ran out
+        and since this server started (a server that was down had no news of
+        its agents).
         """
         clusters = await self.store.lapsed_lease_clusters(now)
         if not clusters:
             return []
         settled_since = now - timedelta(seconds=self.settings.lease)
-        settled = [name for name in clusters if self._connected_since(name, settled_since)]
+        heard = {name: at for name in clusters if (at := self._heard(name, now, settled_since))}
         grace_ended = now - timedelta(seconds=self.settings.agent_return_grace)
         absent_before = grace_ended if started <= grace_ended else None
-        if not settled and absent_before is None:
+        if not heard and absent_before is None:
             return []
-        lapsed = await self.store.lapse_leases(now, settled, absent_before)
+        lapsed = await self.store.lapse_leases(now, heard, absent_before)
         for item in lapsed:
             record = item.command
             logger.warning(
@@ -454,9 +455,16 @@ class CommandDispatcher:
                 await self._audit(record, "finish", record.submitter)
         return lapsed
 
-    def _connected_since(self, cluster: str, moment: datetime) -> bool:
+    def _heard(self, cluster: str, now: datetime, settled_since: datetime) -> datetime | None:
+        """When the cluster's agent was last heard from, if it has been connected since
+        ``settled_since``. A link gone dead without a close stays registered until its
+        keepalive fails: a lease that ran out since the agent was last heard from is
+        not judged on it."""
         agent = self.registry.get(cluster)
-        return agent is not None and agent.connected_since <= moment
+        if agent is None or agent.connected_since > settled_since:
+            return None
+        silent = agent.session.silent_for()
+        return None if silent is None else now - timedelta(seconds=silent)
 
     # --------------------------------------------------------------- helpers
 

@@ -15,7 +15,7 @@ A command's life (docs/architecture.md, "Commands")::
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -191,12 +191,13 @@ class CommandStore(abc.ABC):
 
     @abc.abstractmethod
     async def lapse_leases(
-        self, now: datetime, clusters: Sequence[str], absent_before: datetime | None
+        self, now: datetime, heard: Mapping[str, datetime], absent_before: datetime | None
     ) -> list[LapsedLease]:
         """Judge the leases that ran out before ``now``: requeued while attempts remain, else lost.
 
-        Only the leases of ``clusters`` are judged, and those that ran out
-        before ``absent_before`` (when given), whatever their cluster.
+        Only the leases of the clusters in ``heard`` that ran out before their
+        agent was last heard from are judged, and those that ran out before
+        ``absent_before`` (when given), whatever their cluster.
         """
 
     @abc.abstractmethod

@@ -20,7 +20,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -351,9 +351,9 @@ class SqliteStore(Store):
         return await self._run(cmd_ops.lapsed_lease_clusters, now)
 
     async def lapse_leases(
-        self, now: datetime, clusters: Sequence[str], absent_before: datetime | None
+        self, now: datetime, heard: Mapping[str, datetime], absent_before: datetime | None
     ) -> list[LapsedLease]:
-        return await self._run(cmd_ops.lapse_leases, now, list(clusters), absent_before)
+        return await self._run(cmd_ops.lapse_leases, now, dict(heard), absent_before)
 
     async def append_command_log(
         self, command_id: str, attempt: int, lines: Sequence[str], now: datetime, cap: int

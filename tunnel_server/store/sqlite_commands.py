@@ -306,18 +306,23 @@ def lapsed_lease_clusters(db: sqlite3.Connection, now: datetime) -> list[str]:
 
 
 def lapse_leases(
-    db: sqlite3.Connection, now: datetime, clusters: list[str], absent_before: datetime | None
+    db: sqlite3.Connection,
+    now: datetime,
+    heard: dict[str, datetime],
+    absent_before: datetime | None,
 ) -> list[LapsedLease]:
     stamp = encode_time(now)
     # No lease runs out before the earliest time there is: absent_before None judges none so.
     absent = encode_time(absent_before) if absent_before is not None else ""
+    heard_at = json.dumps({cluster: encode_time(at) for cluster, at in heard.items()})
     lapsed: list[LapsedLease] = []
     with transaction(db):
         rows = db.execute(
             "SELECT * FROM commands WHERE state IN ('delivered', 'running')"
             " AND lease_expires_at < ?"
-            " AND (cluster IN (SELECT value FROM json_each(?)) OR lease_expires_at < ?)",
-            (stamp, json.dumps(clusters), absent),
+            " AND (lease_expires_at < ? OR EXISTS (SELECT 1 FROM json_each(?) AS heard"
+            " WHERE heard.key = commands.cluster AND commands.lease_expires_at < heard.value))",
+            (stamp, absent, heard_at),
         ).fetchall()
         for row in rows:
             record = _record(row)
