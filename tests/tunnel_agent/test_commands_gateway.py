@@ -196,6 +196,7 @@ async def test_a_watch_streams_its_events_as_they_happen(
         ("GET", "/api/v1/namespaces/web/pods/x/log", {}, None),
         ("GET", "/api/v1/namespaces/web/pods/x/portforward", {}, "no connection"),
         ("GET", "/api/v1/nodes/n/proxy/metrics", {}, "no connection"),
+        ("GET", "/api/v1/proxy/namespaces/web/pods/x/metrics", {}, "no connection"),
         ("GET", "/api/v1/namespaces", {"Connection": "Upgrade"}, "no connection"),
         ("GET", "/api/v1/namespaces", {"impersonate-group": "x"}, "impersonate"),
         ("GET", "/api/v1/namespaces/web/../tunnel-agent/secrets", {}, "dot or encoded"),
