@@ -23,6 +23,7 @@ __all__ = [
     "LAST_CHUNK",
     "MAX_HEAD",
     "MAX_HEADER_LINES",
+    "MAX_TARGET",
     "CallerRequest",
     "HeaderBlockCache",
     "MalformedRequestError",
@@ -40,7 +41,9 @@ LAST_CHUNK = b"0\r\n\r\n"
 #: The largest header block a connection remembers (see HeaderBlockCache).
 CACHED_BLOCK = 8 * 1024
 
-_REQUEST_LINE = re.compile(r"([A-Z]{1,16}) ([\x21-\x7e]{1,8192}) HTTP/1\.([01])")
+#: The longest request target taken (Go's and nginx's default buffers hold about as much).
+MAX_TARGET = 8192
+_REQUEST_LINE = re.compile(rf"([A-Z]{{1,16}}) ([\x21-\x7e]{{1,{MAX_TARGET}}}) HTTP/1\.([01])")
 # The name, then the rest: the value is trimmed and checked apart, in linear
 # time (one pattern with optional white space around a lazy value backtracks
 # quadratically on a long run of spaces).
@@ -61,6 +64,7 @@ _REASONS = {
     409: "Conflict",
     422: "Unprocessable Entity",
     429: "Too Many Requests",
+    414: "URI Too Long",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     502: "Bad Gateway",
@@ -197,8 +201,14 @@ def parse_request_head(
     line_end = data.find(b"\r\n")
     if line_end < 0:
         line_end = len(data)
-    match = _REQUEST_LINE.fullmatch(data[:line_end].decode("latin-1"))
+    line = data[:line_end].decode("latin-1")
+    match = _REQUEST_LINE.fullmatch(line)
     if match is None:
+        parts = line.split(" ")
+        if len(parts) == 3 and len(parts[1]) > MAX_TARGET:
+            raise MalformedRequestError(
+                f"the request target is longer than {MAX_TARGET} characters", status=414
+            )
         raise MalformedRequestError("malformed request line")
     method, target, minor = match.groups()
     raw = data[line_end:]

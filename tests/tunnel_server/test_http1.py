@@ -9,6 +9,7 @@ import pytest
 from tunnel_server.http1 import (
     CACHED_BLOCK,
     MAX_HEAD,
+    MAX_TARGET,
     CallerRequest,
     HeaderBlockCache,
     MalformedRequestError,
@@ -360,6 +361,19 @@ def test_a_bad_request_line_is_refused_whatever_its_header_lines() -> None:
     with pytest.raises(MalformedRequestError) as caught:
         parse_request_head(head("GET  /k8s/clusters/a/api HTTP/1.1", *KUBECTL), cache)
     assert caught.value.message == "malformed request line"
+
+
+def test_a_request_target_too_long_is_answered_414() -> None:
+    target = "/k8s/clusters/a/api/v1/pods?labelSelector=" + "a" * MAX_TARGET
+    with pytest.raises(MalformedRequestError) as caught:
+        parse_request_head(head(f"GET {target} HTTP/1.1", *KUBECTL))
+    assert (caught.value.status, caught.value.message) == (
+        414,
+        f"the request target is longer than {MAX_TARGET} characters",
+    )
+    longest = "/k8s/clusters/a/api/v1/pods?labelSelector="
+    longest += "a" * (MAX_TARGET - len(longest))
+    assert parse_request_head(head(f"GET {longest} HTTP/1.1", *KUBECTL)).target == longest
 
 
 # --------------------------------------------------------------- responses
