@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from tunnel_pki.tls import client_context
 from tunnel_server.config import CommandSettings
+from tunnel_server.context import utcnow
 
 from ..support import until
 from .commands_support import Script, command, command_agent
@@ -37,8 +39,8 @@ async def until_state(server: RunningServer, command_id: str, *states: str) -> d
         await server.context.commands.wait_change(command_id, patience=1.0)
 
 
-def quick_leases(state: Path) -> Any:
-    settings = server_settings(state)
+def quick_leases(state: Path, port: int = 0) -> Any:
+    settings = server_settings(state, port=port)
     return dataclasses.replace(settings, commands=CommandSettings(lease=1.0, reap_interval=0.05))
 
 
@@ -205,6 +207,37 @@ async def test_result_survives_a_server_restart_during_the_run(tmp_path: Path) -
             # its result until a server acknowledges it.
             script.gate.set()
             async with running_server(server_settings(state, port=port)) as restarted:
+                done = await until_state(restarted, created["id"], "succeeded")
+    assert done["attempt"] == 1
+    assert script.runs == [(created["id"], 1)]
+
+
+async def test_a_run_outlives_a_server_down_longer_than_its_lease_and_agents_slow_to_return(
+    tmp_path: Path,
+) -> None:
+    """A server upgrade that took minutes, agents back off and return later still."""
+    state = tmp_path / "state"
+    script = Script()
+    async with running_server(quick_leases(state)) as server:
+        port = server.port
+        token = await server.add_cluster("prod-eu")
+        settings = agent_settings(server, "prod-eu", token, tmp_path / "creds")
+        async with command_agent(settings, script):
+            created = await submit(server, command("gate-long-upgrade"))
+            await script.started.get()
+            await until_state(server, created["id"], "running")
+            await server.stop()
+            # The server comes back where the agent does not look for it yet
+            # (another port): its lease ran out long ago, and the agent is away.
+            async with running_server(quick_leases(state)) as back:
+                started = utcnow()
+                later = started + timedelta(seconds=30)  # thirty leases on
+                assert await back.context.commands.reap(later, started) == []
+                _, shown = await back.api("GET", f"/api/v1/commands/{created['id']}")
+                assert shown["state"] == "running"
+            # Then where the agent finds it: the agent resumes attempt 1 and finishes it.
+            async with running_server(quick_leases(state, port)) as restarted:
+                script.gate.set()
                 done = await until_state(restarted, created["id"], "succeeded")
     assert done["attempt"] == 1
     assert script.runs == [(created["id"], 1)]
