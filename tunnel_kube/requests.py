@@ -156,7 +156,7 @@ def _parse_api_request(method: str, target: str) -> ApiRequest:
 def _watch_parameter(query: str) -> bool:
     """Whether the query asks for a watch, as the API server decodes it.
 
-    Go's url.ParseQuery (which passes over a pair whose name holds ``;``),
+    Go's url.ParseQuery (which passes over a pair holding ``;`` or a bad escape),
     then the first ``watch`` value: anything but ``0`` and ``false`` (any
     case) is true, an empty one and a bare ``watch`` included.
     """
