@@ -167,6 +167,7 @@ class _HeaderBlock:
     tokens: frozenset[str]
     upgrade: str | None
     expect: bool
+    has_host: bool
 
     def __init__(
         self,
@@ -176,6 +177,7 @@ class _HeaderBlock:
         tokens: frozenset[str],
         upgrade: str | None,
         expect: bool,
+        has_host: bool,
     ) -> None:
         object.__setattr__(self, "headers", headers)
         object.__setattr__(self, "content_length", content_length)
@@ -183,6 +185,7 @@ class _HeaderBlock:
         object.__setattr__(self, "tokens", tokens)
         object.__setattr__(self, "upgrade", upgrade)
         object.__setattr__(self, "expect", expect)
+        object.__setattr__(self, "has_host", has_host)
 
 
 def parse_request_head(
@@ -218,6 +221,8 @@ def parse_request_head(
         block = _parse_header_block(raw)
         if cache is not None:
             cache._raw, cache._block = (raw, block) if len(raw) <= CACHED_BLOCK else (None, None)
+    if minor == "1" and not block.has_host:
+        raise MalformedRequestError("an HTTP/1.1 request needs a Host header (RFC 9112, 3.2)")
     tokens = block.tokens
     # close always wins (RFC 9112, 9.3); HTTP/1.0 keeps alive only when asked.
     keep_alive = "close" not in tokens and (minor == "1" or "keep-alive" in tokens)
@@ -242,6 +247,7 @@ def _parse_header_block(raw: bytes) -> _HeaderBlock:
     connection = ""
     upgrade: str | None = None
     expect = False
+    has_host = False
     for line in raw.decode("latin-1").split("\r\n")[1:]:
         field = _HEADER_LINE.fullmatch(line)
         if field is None:
@@ -272,13 +278,18 @@ def _parse_header_block(raw: bytes) -> _HeaderBlock:
             upgrade = value
         elif name == "expect":
             expect = True
+        elif name == "host":
+            if has_host:
+                # Which one an intermediary used is anyone's guess (RFC 9112, 3.2).
+                raise MalformedRequestError("more than one Host header")
+            has_host = True
         headers.append((name, value))
     if chunked and content_length is not None:
         raise MalformedRequestError("Content-Length and Transfer-Encoding must not come together")
     tokens = (
         frozenset(token.strip() for token in connection.split(",")) if connection else frozenset()
     )
-    return _HeaderBlock(tuple(headers), content_length, chunked, tokens, upgrade, expect)
+    return _HeaderBlock(tuple(headers), content_length, chunked, tokens, upgrade, expect, has_host)
 
 
 def parse_content_length(value: str) -> int | None:

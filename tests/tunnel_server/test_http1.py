@@ -26,9 +26,17 @@ def head(request_line: str, *headers: str) -> bytes:
     return "\r\n".join((request_line, *headers)).encode("latin-1")
 
 
+#: The Host line every HTTP/1.1 request needs, first, as clients send it.
+HOST_LINE = "Host: 127.0.0.1"
+HOST = ("host", "127.0.0.1")
+
+
 def parse(
     *headers: str, request_line: str = "GET /k8s/clusters/prod/api HTTP/1.1"
 ) -> CallerRequest:
+    """``headers`` parsed after the request line, and a Host line first unless one is given."""
+    if not any(line.lower().startswith("host:") for line in headers):
+        headers = (HOST_LINE, *headers)
     return parse_request_head(head(request_line, *headers))
 
 
@@ -50,7 +58,7 @@ def test_request_line_gives_method_raw_target_and_version() -> None:
 
 
 def test_a_head_of_only_the_request_line_has_no_headers_and_no_body() -> None:
-    request = parse()
+    request = parse_request_head(head("GET /k8s/clusters/prod/api HTTP/1.0"))
     assert request.headers == ()
     assert request.content_length is None
     assert not request.chunked
@@ -103,6 +111,7 @@ def test_header_names_are_lower_cased_and_kept_in_order_with_repeats() -> None:
 def test_optional_whitespace_around_a_value_is_trimmed_but_inner_whitespace_kept() -> None:
     request = parse("User-Agent: \t kubectl/v1.30  (linux)\t ", "X-Empty:", "X-Blank:   ")
     assert request.headers == (
+        HOST,
         ("user-agent", "kubectl/v1.30  (linux)"),
         ("x-empty", ""),
         ("x-blank", ""),
@@ -110,8 +119,8 @@ def test_optional_whitespace_around_a_value_is_trimmed_but_inner_whitespace_kept
 
 
 def test_header_values_keep_their_case_and_are_read_as_utf8() -> None:
-    raw = b"GET /k8s/clusters/prod/api HTTP/1.1\r\nX-Name: Caf\xc3\xa9 MiXed"
-    assert parse_request_head(raw).headers == (("x-name", "Caf\xe9 MiXed"),)
+    raw = b"GET /k8s/clusters/prod/api HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Name: Caf\xc3\xa9 MiXed"
+    assert parse_request_head(raw).headers == (HOST, ("x-name", "Caf\xe9 MiXed"))
 
 
 def test_a_header_value_that_is_not_utf8_is_refused() -> None:
@@ -125,7 +134,7 @@ def test_a_long_run_of_spaces_in_a_value_parses_in_linear_time() -> None:
     value = "a" + " " * 60_000 + "b"
     started = time.process_time()
     request = parse(f"X-Spaces: {value}")
-    assert request.headers == (("x-spaces", value),)
+    assert request.headers == (HOST, ("x-spaces", value))
     with pytest.raises(MalformedRequestError):
         parse(f"X-Spaces: {value}\x01")
     assert time.process_time() - started < 0.5
@@ -165,10 +174,10 @@ def test_an_empty_line_inside_the_head_is_refused_with_400() -> None:
 
 
 def test_a_head_of_exactly_the_maximum_size_is_accepted() -> None:
-    prefix = head("GET /x HTTP/1.1", "X-Fill: ")
+    prefix = head("GET /x HTTP/1.1", HOST_LINE, "X-Fill: ")
     raw = prefix + b"a" * (MAX_HEAD - len(prefix))
     assert len(raw) == MAX_HEAD
-    assert parse_request_head(raw).headers[0][0] == "x-fill"
+    assert parse_request_head(raw).headers[1][0] == "x-fill"
 
 
 def test_an_oversize_head_is_refused_with_431() -> None:
@@ -178,13 +187,25 @@ def test_an_oversize_head_is_refused_with_431() -> None:
 
 
 def test_the_maximum_number_of_header_lines_is_accepted() -> None:
-    request = parse(*(f"X-H{n}: {n}" for n in range(MAX_HEADER_LINES)))
+    request = parse(HOST_LINE, *(f"X-H{n}: {n}" for n in range(MAX_HEADER_LINES - 1)))
     assert len(request.headers) == MAX_HEADER_LINES
 
 
 def test_too_many_header_lines_are_refused_with_431() -> None:
     error = refusal(head("GET /x HTTP/1.1", *(f"X-H{n}: {n}" for n in range(MAX_HEADER_LINES + 1))))
     assert error.status == 431
+
+
+def test_an_http11_request_needs_exactly_one_host_header() -> None:
+    assert parse_request_head(head("GET /x HTTP/1.0")).headers == ()  # HTTP/1.0 may go without
+    missing = refusal(head("GET /x HTTP/1.1", "Accept: */*"))
+    assert (missing.status, missing.message) == (
+        400,
+        "an HTTP/1.1 request needs a Host header (RFC 9112, 3.2)",
+    )
+    for line in ("GET /x HTTP/1.1", "GET /x HTTP/1.0"):
+        twice = refusal(head(line, HOST_LINE, "host: 10.0.0.1"))
+        assert (twice.status, twice.message) == (400, "more than one Host header")
 
 
 def test_bad_request_defaults_to_400_and_keeps_its_message() -> None:
