@@ -108,26 +108,31 @@ class ProxyPolicy:
 
     def _out_of_scope(self, request: ApiRequest) -> Refusal | None:
         """Why a namespace-scoped agent refuses ``request``, or None."""
-        scope = ", ".join(sorted(self.namespaces))
         if not request.is_resource:
             path = request.path.rstrip("/")
             if any(path == p or path.startswith(p + "/") for p in _SCOPED_NON_RESOURCE):
                 return None
             # The API server's logs, metrics, profiles: cluster-wide.
             return _forbidden(
-                f"this agent serves namespaces {scope} only, not {request.path[:64]!r}"
+                f"this agent serves namespaces {self._scope()} only, not {request.path[:64]!r}"
             )
         if request.namespace not in self.namespaces:
             where = request.namespace or "cluster-wide"
-            return _forbidden(f"this agent serves namespaces {scope} only, not {where} requests")
+            return _forbidden(
+                f"this agent serves namespaces {self._scope()} only, not {where} requests"
+            )
         if request.resource == "namespaces" and not request.api_group and not request.is_read:
             # The Namespace object is cluster-scoped: its labels (Pod Security
             # admission), finalizers and its deletion are the cluster owner's.
             return _forbidden(
-                f"this agent serves what is in namespaces {scope}, not changes to the "
+                f"this agent serves what is in namespaces {self._scope()}, not changes to the "
                 f"Namespace object {request.namespace!r} itself"
             )
         return None
+
+    def _scope(self) -> str:
+        """The namespaces served, for a refusal's message (not worked out for each request)."""
+        return ", ".join(sorted(self.namespaces))
 
 
 def _is_self_review(request: ApiRequest) -> bool:

@@ -5,13 +5,16 @@ from __future__ import annotations
 __all__ = ["printable", "printable_line"]
 
 
-def printable(text: str) -> str:
-    """``text`` with each control character (newline, escape ...) replaced by ``?``.
+def printable(text: str, keep: str = "") -> str:
+    """``text`` with each control character (newline, escape ...) but those in ``keep``
+    replaced by ``?``.
 
     Text that came from a peer the reader does not trust (an agent's reason,
     anything a server returns) must not draw lines or rows of its own.
     """
-    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else "?" for c in text)
 
 
 def printable_line(text: str) -> str:
@@ -21,6 +24,4 @@ def printable_line(text: str) -> str:
     module's own output): an escape sequence in it must not move the cursor,
     retitle the terminal or write to its clipboard.
     """
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c == "\t" else "?" for c in text)
+    return printable(text, keep="\t")

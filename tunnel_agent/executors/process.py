@@ -245,7 +245,7 @@ def _pids(proc: Path) -> list[int]:
         names = os.listdir(proc)
     except OSError:
         return []
-    return [int(name) for name in names if name.isdigit() and int(name) != me]
+    return [pid for pid in (int(name) for name in names if name.isdigit()) if pid != me]
 
 
 def _environment(process: Path) -> list[bytes]:

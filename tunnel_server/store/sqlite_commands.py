@@ -296,10 +296,13 @@ def request_cancel(db: sqlite3.Connection, command_id: str, now: datetime) -> Co
         return _record(_row(db, command_id))
 
 
+#: A delivered or running command whose lease ran out before a time (its one parameter).
+_LEASE_RAN_OUT = "state IN ('delivered', 'running') AND lease_expires_at < ?"
+
+
 def lapsed_lease_clusters(db: sqlite3.Connection, now: datetime) -> list[str]:
     rows = db.execute(
-        "SELECT DISTINCT cluster FROM commands WHERE state IN ('delivered', 'running')"
-        " AND lease_expires_at < ?",
+        f"SELECT DISTINCT cluster FROM commands WHERE {_LEASE_RAN_OUT}",  # noqa: S608 - fixed clauses
         (encode_time(now),),
     ).fetchall()
     return [row[0] for row in rows]
@@ -318,8 +321,7 @@ def lapse_leases(
     lapsed: list[LapsedLease] = []
     with transaction(db):
         rows = db.execute(
-            "SELECT * FROM commands WHERE state IN ('delivered', 'running')"
-            " AND lease_expires_at < ?"
+            f"SELECT * FROM commands WHERE {_LEASE_RAN_OUT}"  # noqa: S608 - fixed clauses
             " AND (lease_expires_at < ? OR EXISTS (SELECT 1 FROM json_each(?) AS heard"
             " WHERE heard.key = commands.cluster AND commands.lease_expires_at < heard.value))",
             (stamp, absent, heard_at),
