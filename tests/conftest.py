@@ -1,7 +1,11 @@
-"""Refuse to test compiled modules built from older sources (scripts/compiled.py)."""
+"""Refuse to test compiled modules built from older sources (scripts/compiled.py); fixtures
+every part of the suite may use."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
+import aiohttp
 import pytest
 
 from protocol import connection
@@ -17,3 +21,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> str:
     compiled = not (connection.__file__ or "").endswith(".py")
     return f"request path: {'compiled with mypyc' if compiled else 'interpreted'}"
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain HTTP client session, closed after the test."""
+    async with aiohttp.ClientSession() as session:
+        yield session

@@ -9,6 +9,7 @@ tested on their own (tests/tunnel_agent/test_executors_*).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -22,8 +23,9 @@ from tunnel_agent.journal import Journal
 from tunnel_agent.router import StreamRouter
 from tunnel_agent.runner import CommandRunner, JobContext, RunnerSettings
 from tunnel_commands import CommandSpecError, parse_command
+from tunnel_pki.tls import client_context
 
-from .harness import RunningAgent, running_agent
+from .harness import RunningAgent, RunningServer, running_agent
 
 
 def command(name: str, *, attempts: int = 1, timeout: str = "10m") -> dict[str, Any]:
@@ -104,3 +106,23 @@ async def command_agent(
 
 def credentials_dir(tmp_path: Path, name: str = "creds") -> Path:
     return tmp_path / name
+
+
+async def log_records(
+    server: RunningServer, command_id: str, query: str = "follow=1"
+) -> AsyncIterator[Any]:
+    """The records of a command's log request (as the admin), as they come."""
+    assert server._http is not None
+    async with server._http.get(
+        f"{server.url}/api/v1/commands/{command_id}/logs?{query}",
+        headers={"Authorization": f"Bearer {server.admin_token}"},
+        ssl=client_context(server.ca_pem),
+    ) as response:
+        assert response.status == 200
+        async for line in response.content:
+            yield json.loads(line)
+
+
+async def records_of(server: RunningServer, command_id: str, query: str = "follow=1") -> list[Any]:
+    """Every record of a command's log request, once it ends."""
+    return [record async for record in log_records(server, command_id, query)]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,11 @@ from typing import Any
 import pytest
 
 from tunnel_pki.tls import client_context
-from tunnel_server.config import CommandSettings
+from tunnel_server.config import CommandSettings, ServerSettings
 from tunnel_server.context import utcnow
 
 from ..support import until
-from .commands_support import Script, command, command_agent
+from .commands_support import Script, command, command_agent, records_of
 from .harness import RunningServer, agent_settings, running_server, server_settings
 
 
@@ -64,13 +65,7 @@ async def test_command_runs_once_with_logs_and_result(
 
 
 async def log_lines(server: RunningServer, command_id: str) -> list[str]:
-    assert server._http is not None
-    async with server._http.get(
-        f"{server.url}/api/v1/commands/{command_id}/logs",
-        headers={"Authorization": f"Bearer {server.admin_token}"},
-        ssl=client_context(server.ca_pem),
-    ) as response:
-        records = [json.loads(line) for line in (await response.text()).splitlines()]
+    records = await records_of(server, command_id, query="")
     return [record["text"] for record in records if "text" in record]
 
 
@@ -191,25 +186,45 @@ async def test_pending_command_is_cancelled_without_delivery(server: RunningServ
     assert answer["state"] == "cancelled"
 
 
-async def test_result_survives_a_server_restart_during_the_run(tmp_path: Path) -> None:
-    state = tmp_path / "state"
+@dataclasses.dataclass
+class StoppedMidRun:
+    """A command running on its agent, whose server was stopped: the agent waits for one."""
+
+    script: Script
+    command: dict[str, Any]
+    #: The stopped server's port, where the agent looks for it.
+    port: int
+
+
+@asynccontextmanager
+async def a_run_with_its_server_stopped(
+    tmp_path: Path, settings: ServerSettings, name: str
+) -> AsyncIterator[StoppedMidRun]:
+    """Command ``name`` running on an agent of a server on ``settings``, then the server
+    stopped; the agent runs until the block ends."""
     script = Script()
-    async with running_server(server_settings(state)) as server:
-        port = server.port
+    async with running_server(settings) as server:
         token = await server.add_cluster("prod-eu")
-        settings = agent_settings(server, "prod-eu", token, tmp_path / "creds")
-        async with command_agent(settings, script):
-            created = await submit(server, command("gate-across-restart"))
+        agent = agent_settings(server, "prod-eu", token, tmp_path / "creds")
+        async with command_agent(agent, script):
+            created = await submit(server, command(name))
             await script.started.get()
             await until_state(server, created["id"], "running")
             await server.stop()
-            # The command finishes while the server is down; the agent keeps
-            # its result until a server acknowledges it.
-            script.gate.set()
-            async with running_server(server_settings(state, port=port)) as restarted:
-                done = await until_state(restarted, created["id"], "succeeded")
+            yield StoppedMidRun(script, created, server.port)
+
+
+async def test_result_survives_a_server_restart_during_the_run(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    settings = server_settings(state)
+    async with a_run_with_its_server_stopped(tmp_path, settings, "gate-across-restart") as run:
+        # The command finishes while the server is down; the agent keeps
+        # its result until a server acknowledges it.
+        run.script.gate.set()
+        async with running_server(server_settings(state, port=run.port)) as restarted:
+            done = await until_state(restarted, run.command["id"], "succeeded")
     assert done["attempt"] == 1
-    assert script.runs == [(created["id"], 1)]
+    assert run.script.runs == [(run.command["id"], 1)]
 
 
 async def test_a_run_outlives_a_server_down_longer_than_its_lease_and_agents_slow_to_return(
@@ -217,30 +232,22 @@ async def test_a_run_outlives_a_server_down_longer_than_its_lease_and_agents_slo
 ) -> None:
     """A server upgrade that took minutes, agents back off and return later still."""
     state = tmp_path / "state"
-    script = Script()
-    async with running_server(quick_leases(state)) as server:
-        port = server.port
-        token = await server.add_cluster("prod-eu")
-        settings = agent_settings(server, "prod-eu", token, tmp_path / "creds")
-        async with command_agent(settings, script):
-            created = await submit(server, command("gate-long-upgrade"))
-            await script.started.get()
-            await until_state(server, created["id"], "running")
-            await server.stop()
-            # The server comes back where the agent does not look for it yet
-            # (another port): its lease ran out long ago, and the agent is away.
-            async with running_server(quick_leases(state)) as back:
-                started = utcnow()
-                later = started + timedelta(seconds=30)  # thirty leases on
-                assert await back.context.commands.reap(later, started) == []
-                _, shown = await back.api("GET", f"/api/v1/commands/{created['id']}")
-                assert shown["state"] == "running"
-            # Then where the agent finds it: the agent resumes attempt 1 and finishes it.
-            async with running_server(quick_leases(state, port)) as restarted:
-                script.gate.set()
-                done = await until_state(restarted, created["id"], "succeeded")
+    async with a_run_with_its_server_stopped(tmp_path, quick_leases(state), "gate-long") as run:
+        command_id = run.command["id"]
+        # The server comes back where the agent does not look for it yet
+        # (another port): its lease ran out long ago, and the agent is away.
+        async with running_server(quick_leases(state)) as back:
+            started = utcnow()
+            later = started + timedelta(seconds=30)  # thirty leases on
+            assert await back.context.commands.reap(later, started) == []
+            _, shown = await back.api("GET", f"/api/v1/commands/{command_id}")
+            assert shown["state"] == "running"
+        # Then where the agent finds it: the agent resumes attempt 1 and finishes it.
+        async with running_server(quick_leases(state, run.port)) as restarted:
+            run.script.gate.set()
+            done = await until_state(restarted, command_id, "succeeded")
     assert done["attempt"] == 1
-    assert script.runs == [(created["id"], 1)]
+    assert run.script.runs == [(command_id, 1)]
 
 
 @pytest.mark.parametrize(("attempts", "final"), [(2, "succeeded"), (1, "lost")])

@@ -9,8 +9,6 @@ let idle timeouts cut the stream.
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -22,28 +20,9 @@ from tunnel_server.context import utcnow
 from tunnel_server.store import StoreError
 
 from ..support import until
-from .commands_support import command
+from .commands_support import command, log_records, records_of
 from .harness import RunningServer
 from .test_commands_delivery import submit
-
-
-async def follow(
-    server: RunningServer, command_id: str, query: str = "follow=1"
-) -> AsyncIterator[Any]:
-    """The records of a log request, as they come."""
-    assert server._http is not None
-    async with server._http.get(
-        f"{server.url}/api/v1/commands/{command_id}/logs?{query}",
-        headers={"Authorization": f"Bearer {server.admin_token}"},
-        ssl=client_context(server.ca_pem),
-    ) as response:
-        assert response.status == 200
-        async for line in response.content:
-            yield json.loads(line)
-
-
-async def records_of(server: RunningServer, command_id: str, query: str = "follow=1") -> list[Any]:
-    return [record async for record in follow(server, command_id, query)]
 
 
 @pytest.fixture
@@ -126,7 +105,7 @@ async def test_a_quiet_follow_sends_keepalives_until_the_outcome(
 ) -> None:
     monkeypatch.setattr(commands_api, "FOLLOW_PATIENCE", 0.01)
     seen: list[Any] = []
-    async for record in follow(server, pending["id"]):
+    async for record in log_records(server, pending["id"]):
         seen.append(record)
         if record == {"keepalive": True} and len(seen) == 2:
             await server.context.commands.cancel(pending["id"], "admin")

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
 from tunnel_agent.connector import Agent
 from tunnel_agent.credentials import DirectoryCredentialStore
@@ -27,12 +25,6 @@ class Probes:
     async def get(self, path: str) -> tuple[int, Any]:
         async with self.http.get(self.base + path) as response:
             return response.status, await response.json()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def test_readyz_follows_the_connection_and_healthz_answers_throughout(

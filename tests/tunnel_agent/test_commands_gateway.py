@@ -58,12 +58,6 @@ class Helm:
             return response.status, json.loads(text) if text else None
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def test_helm_reads_and_writes_outside_the_agents_namespace(
     h: Harness, tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
