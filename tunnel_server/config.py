@@ -118,7 +118,7 @@ class CommandSettings:
     #: the agent is not connected (or since this server started, if later):
     #: agents that lost their server dial again within their back-off (at most
     #: 5 minutes) and resume what they run. A connected agent's leases are
-    #: judged one lease after it connected.
+    #: judged once it has been connected for a lease and heard from since.
     agent_return_grace: float = 360.0
     #: How often leases are checked.
     reap_interval: float = 1.0
