@@ -30,6 +30,7 @@ from setuptools import setup
 #: its methods), the command-line tools and everything that runs once per
 #: connection or less stay interpreted.
 COMPILED_MODULES = [
+    "protocol/allowance.py",
     "protocol/checks.py",
     "protocol/connection.py",
     "protocol/events.py",

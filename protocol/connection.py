@@ -262,6 +262,7 @@ class Connection:
         self._sharing.recent.touch(stream_id, self.stats.bytes_received)
         self._local_open += 1
         self.stats.streams_opened += 1
+        self._outbox.allowance.earn(2)  # the peer's RESET, a WINDOW
         if end_stream:
             stream.state = StreamState.HALF_CLOSED_LOCAL
         self._outbox.control.append(
@@ -320,6 +321,7 @@ class Connection:
                 raise UnknownStreamError(f"stream {stream_id} was never opened")
             return
         self._outbox.queue_reset(stream_id, code, reason)
+        self._outbox.allowance.earn(2)  # the peer's frames already on their way
         self._finish(stream, StreamState.RESET)
 
     def acknowledge_data(self, stream_id: int, size: int) -> None:
@@ -356,12 +358,14 @@ class Connection:
                 f"{self.peer_limits.max_header_size}; send it on a stream"
             )
         self._outbox.control.append((MessageFrame(kind, body_map), size + kind_size + _ENVELOPE))
+        self._outbox.allowance.earn(1)  # the peer may answer it
 
     def send_ping(self, now: float) -> int:
         """Send a PING; its PONG yields :class:`PongReceived` with the round trip."""
         self._require_open()
         opaque = self._liveness.ping(now)
         self._outbox.control.append((PingFrame(opaque), 24))
+        self._outbox.allowance.earn(1)  # its PONG
         return opaque
 
     def probe(self, now: float) -> bool:

@@ -191,7 +191,10 @@ class UnsupportedVersionError(RemoteProtocolError):
 
 
 class ExcessiveLoadError(RemoteProtocolError):
-    """The peer queued more control work than this side agreed to hold."""
+    """The peer floods control frames: more queued than agreed, or more than its allowance.
+
+    See ``MAX_CONTROL_QUEUE`` (protocol/outbox.py) and protocol/allowance.py.
+    """
 
     code = ErrorCode.EXCESSIVE_LOAD
 

@@ -70,31 +70,37 @@ def handle_frames(conn: Connection, frames: list[Frame], now: float, events: lis
         if conn.closed:
             break  # a GOAWAY with an error ended it mid-message
         if type(frame) is DataFrame:
-            _data(conn, frame, events)
+            _data(conn, frame, now, events)
         elif conn.state is ConnectionState.HANDSHAKE:
-            _in_handshake(conn, frame, events)
+            _in_handshake(conn, frame, now, events)
         elif type(frame) is WindowFrame:
+            conn._outbox.allowance.spend(now)
             _window(conn, frame, events)
         elif type(frame) is OpenFrame:
-            _open(conn, frame, events)
+            _open(conn, frame, now, events)
         elif type(frame) is ResetFrame:
+            conn._outbox.allowance.spend(now)
             _reset(conn, frame, events)
         elif type(frame) is PingFrame:
+            conn._outbox.allowance.spend(now)
             control = conn._outbox.control
             if len(control) >= MAX_CONTROL_QUEUE:
                 raise ExcessiveLoadError("the peer sends PINGs faster than it reads")
             control.append((PongFrame(frame.opaque), 24))
         elif type(frame) is PongFrame:
+            conn._outbox.allowance.spend(now)
             _pong(conn, frame, now, events)
         elif type(frame) is MessageFrame:
+            conn._outbox.allowance.spend(now)
             _message(conn, frame, events)
         elif type(frame) is GoAwayFrame:
+            conn._outbox.allowance.spend(now)
             _goaway(conn, frame, events)
         else:
             raise MalformedFrameError("HELLO after the handshake")
 
 
-def _in_handshake(conn: Connection, frame: Frame, events: list[Event]) -> None:
+def _in_handshake(conn: Connection, frame: Frame, now: float, events: list[Event]) -> None:
     if type(frame) is GoAwayFrame:
         _goaway(conn, frame, events)
         return
@@ -106,11 +112,12 @@ def _in_handshake(conn: Connection, frame: Frame, events: list[Event]) -> None:
     conn.peer_info = frame.info
     conn.capabilities = capabilities
     conn._outbox.window = frame.limits.connection_window
+    conn._outbox.allowance.since = now
     conn.state = ConnectionState.OPEN
     events.append(HandshakeCompleted(version, frame.limits, conn.capabilities, frame.info))
 
 
-def _data(conn: Connection, frame: DataFrame, events: list[Event]) -> None:
+def _data(conn: Connection, frame: DataFrame, now: float, events: list[Event]) -> None:
     if conn.state is ConnectionState.HANDSHAKE:
         raise MalformedFrameError("expected HELLO first, got DATA")
     size = len(frame.data)
@@ -125,16 +132,19 @@ def _data(conn: Connection, frame: DataFrame, events: list[Event]) -> None:
         # A stream that already ended: frames in flight are dropped, but
         # their connection credit is returned (docs/protocol.md, "Flow control").
         _require_known(conn, frame.stream_id, "DATA")
+        conn._outbox.allowance.spend(now)
         conn._return_connection_credit()
         return
     state = stream.state
     if state is not StreamState.OPEN and state is not StreamState.HALF_CLOSED_LOCAL:
+        conn._outbox.allowance.spend(now)
         _reset_for_violation(
             conn, stream, ErrorCode.STREAM_CLOSED, "DATA after the end of the stream", events
         )
         conn._return_connection_credit()
         return
     if size > stream.recv_window:
+        conn._outbox.allowance.spend(now)
         _reset_for_violation(
             conn, stream, ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the stream's credit", events
         )
@@ -153,6 +163,8 @@ def _data(conn: Connection, frame: DataFrame, events: list[Event]) -> None:
         # Cheap test first: nothing can be owed below the threshold.
         if conn._connection_window - conn._recv_window >= conn._connection_threshold:
             conn._return_connection_credit()
+    elif not frame.end_stream:
+        conn._outbox.allowance.spend(now)  # carries nothing: see protocol/allowance.py
     if frame.end_stream:
         events.append(StreamEnded(stream.id))
         if state is StreamState.OPEN:
@@ -163,7 +175,7 @@ def _data(conn: Connection, frame: DataFrame, events: list[Event]) -> None:
                 conn._finish(stream, StreamState.CLOSED)
 
 
-def _open(conn: Connection, frame: OpenFrame, events: list[Event]) -> None:
+def _open(conn: Connection, frame: OpenFrame, now: float, events: list[Event]) -> None:
     stream_id = frame.stream_id
     if stream_id % 2 != conn._remote_parity:
         raise MalformedFrameError(f"the peer opened stream {stream_id}, an id of this side's")
@@ -176,11 +188,13 @@ def _open(conn: Connection, frame: OpenFrame, events: list[Event]) -> None:
     limits = conn.limits
     outbox = conn._outbox
     if conn._goaway_sent is not None:
+        outbox.allowance.spend(now)
         outbox.queue_reset(
             stream_id, ErrorCode.REFUSED_STREAM, "this side is going away", peer_caused=True
         )
         return
     if conn._remote_open >= limits.max_streams:
+        outbox.allowance.spend(now)
         outbox.queue_reset(
             stream_id,
             ErrorCode.REFUSED_STREAM,
@@ -192,6 +206,7 @@ def _open(conn: Connection, frame: OpenFrame, events: list[Event]) -> None:
     if not conn._maps_fit:
         size = packed_size(frame.headers)
         if size > limits.max_header_size:
+            outbox.allowance.spend(now)
             outbox.queue_reset(
                 stream_id,
                 ErrorCode.HEADER_TOO_LARGE,
@@ -211,6 +226,7 @@ def _open(conn: Connection, frame: OpenFrame, events: list[Event]) -> None:
     conn._sharing.recent.touch(stream_id, conn.stats.bytes_received)
     conn._remote_open += 1
     conn.stats.streams_opened += 1
+    outbox.allowance.earn(2)  # its RESET, a WINDOW
     events.append(StreamOpened(stream_id, frame.kind, frame.headers, frame.end_stream))
     if frame.end_stream:
         stream.state = StreamState.HALF_CLOSED_REMOTE

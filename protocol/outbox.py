@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from .allowance import ControlAllowance
 from .checks import short_reason
 from .errors import ExcessiveLoadError
 from .frames import (
@@ -51,7 +52,7 @@ _Finish = Callable[[Stream, StreamState], None]
 class Outbox:
     """Frames waiting to be sent, and the connection credit to send DATA with."""
 
-    __slots__ = ("_stats", "control", "ready", "window")
+    __slots__ = ("_stats", "allowance", "control", "ready", "window")
 
     def __init__(self, stats: ConnectionStats) -> None:
         #: Control frames with their encoded size bound; they jump the data queue.
@@ -60,6 +61,8 @@ class Outbox:
         self.ready: deque[Stream] = deque()
         #: Connection credit this side may spend (docs/protocol.md, "Flow control").
         self.window = 0
+        #: The frames without data the peer may send, earned by what this side sends.
+        self.allowance = ControlAllowance()
         self._stats = stats
 
     def queue_reset(
@@ -123,6 +126,7 @@ class Outbox:
         room = limit - _DATA_OVERHEAD
         window = self.window
         sent = 0
+        frames = 0
         skipped = 0
         while ready and skipped < len(ready) and size < room:
             stream = ready.popleft()
@@ -153,6 +157,7 @@ class Outbox:
             data: bytes | memoryview = stream.take(amount) if amount else b""
             end = stream.pending_end and stream.pending_size == 0
             items.append(data_to_wire(stream.id, data, end))
+            frames += 1
             size += amount + _DATA_OVERHEAD
             stream.send_window -= amount
             window -= amount
@@ -168,4 +173,9 @@ class Outbox:
                 stream.scheduled = False
         self.window = window
         self._stats.bytes_sent += sent
+        if frames:
+            # The peer may answer with WINDOWs: one per quarter of its credit
+            # target that it reads (so up to five per frame), or per KiB when
+            # its target is under 4 KiB; and RESETs.
+            self.allowance.earn(6 * frames + (sent >> 10))
         return size

@@ -18,7 +18,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from protocol import Connection, Limits, Side, kinds
+from protocol import Connection, ErrorCode, Event, GoAwayReceived, Limits, Side, kinds
+from protocol.allowance import ALLOWANCE_START
+from protocol.frames import WindowFrame, encode_message
 from protocol.records import RecordReader, encode_record
 from tunnel_mux import Session, SessionHandlers, WebSocketTransport
 from tunnel_pki.certs import load_certificate
@@ -29,6 +31,7 @@ from tunnel_server.agentsocket import REVOKED_SESSION
 from tunnel_server.commands import dispatcher as dispatcher_module
 from tunnel_server.context import utcnow
 
+from ..protocol.pair import of_type
 from ..support import until
 from .commands_support import command
 from .harness import RunningServer
@@ -239,3 +242,39 @@ async def test_unfinished_report_records_of_a_cluster_are_held_within_a_bound(
         for stream in streams[:3]:
             stream.reset()
         await until(lambda: "prod" not in dispatcher.report_buffered, max_turns=10**6)
+
+
+async def test_an_agent_flooding_frames_without_data_is_cut_off_and_no_other(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A WebSocket message of 10,000 WINDOWs, 40 KB, costs the server a few
+    # milliseconds of its one event loop (protocol/allowance.py).
+    flood = encode_message([WindowFrame(0, 1)] * ALLOWANCE_START)
+    key_pem, cert_pem = await bootstrapped(server, "prod")
+    with caplog.at_level(logging.WARNING, logger="tunnel_mux.session"):
+        async with (
+            attached(server, "dev") as (other, _),
+            upgraded(server, key_pem, cert_pem) as socket,
+        ):
+            agent = Connection(Side.CLIENT, Limits(), info={kinds.INFO_AGENT_VERSION: "hand"})
+            for hello in agent.data_to_send():
+                await socket.send_bytes(hello)
+            await until(lambda: server.context.registry.get("prod") is not None)
+
+            await socket.send_bytes(flood)  # its whole allowance, and the server's earnings
+            await socket.send_bytes(flood)
+            events: list[Event] = []
+            async for message in socket:  # until the server closes the socket
+                if message.type is aiohttp.WSMsgType.BINARY:
+                    events += agent.receive_data(message.data, 0.0)
+                    for answer in agent.data_to_send():  # PONGs
+                        await socket.send_bytes(answer)
+            await until(lambda: server.context.registry.get("prod") is None)
+
+            [goaway] = of_type(events, GoAwayReceived)
+            assert goaway.code == ErrorCode.EXCESSIVE_LOAD
+            assert "frames without data" in goaway.reason
+            # The other cluster's agent is still attached, and its session answers.
+            assert server.context.registry.get("dev") is not None
+            assert await asyncio.wait_for(other.ping(), PROMPTLY) >= 0
+    assert any("frames without data" in record.getMessage() for record in caplog.records)

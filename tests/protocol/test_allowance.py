@@ -1,0 +1,158 @@
+"""The peer's allowance of frames that carry no data (protocol/allowance.py).
+
+A WINDOW, PING, RESET or empty DATA costs its receiver about a thousand times
+what a DATA frame costs per byte; a peer that floods them is cut off, a peer
+that sends them in answer to this side's traffic never is.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from protocol import (
+    Connection,
+    DataReceived,
+    ErrorCode,
+    ExcessiveLoadError,
+    Limits,
+    Side,
+    StreamOpened,
+)
+from protocol.allowance import (
+    ALLOWANCE_CAP,
+    ALLOWANCE_PER_SECOND,
+    ALLOWANCE_START,
+    ControlAllowance,
+)
+from protocol.frames import (
+    DataFrame,
+    Frame,
+    GoAwayFrame,
+    MessageFrame,
+    OpenFrame,
+    PingFrame,
+    PongFrame,
+    ResetFrame,
+    WindowFrame,
+)
+
+from .pair import Pair, feed, handshaken, of_type, sent_frames
+
+#: Frames a hand-played peer sends per message.
+PER_MESSAGE = 1000
+
+
+def flood(connection: Connection, frames: Iterator[Frame], count: int, now: float = 0.0) -> None:
+    """Feed ``count`` of ``frames``, reading what the connection answers after each message."""
+    while count:
+        batch = list(itertools.islice(frames, min(PER_MESSAGE, count)))
+        feed(connection, *batch, now=now)
+        connection.data_to_send()
+        count -= len(batch)
+
+
+def with_stream(limits: Limits | None = None) -> Connection:
+    """A server whose hand-played client has opened stream 1."""
+    server = handshaken(Side.SERVER, limits)
+    assert of_type(feed(server, OpenFrame(1, "http", {})), StreamOpened)
+    server.data_to_send()
+    return server
+
+
+def with_ended_stream() -> Connection:
+    """A server on which the client opened stream 1 and reset it."""
+    server = with_stream()
+    feed(server, ResetFrame(1, ErrorCode.CANCEL))
+    return server
+
+
+def refused_opens() -> Iterator[Frame]:
+    """OPENs the server refuses: it takes one stream at a time, and stream 1 is open."""
+    return (OpenFrame(stream_id, "http", {}) for stream_id in itertools.count(3, 2))
+
+
+#: Each kind of frame that carries no data: the server it goes to, and the frames.
+FLOODS: dict[str, tuple[Callable[[], Connection], Callable[[], Iterator[Frame]]]] = {
+    "WINDOW on a stream": (with_stream, lambda: itertools.repeat(WindowFrame(1, 1))),
+    "WINDOW on the connection": (with_stream, lambda: itertools.repeat(WindowFrame(0, 1))),
+    "PING": (with_stream, lambda: itertools.repeat(PingFrame(7))),
+    "PONG never asked for": (with_stream, lambda: itertools.repeat(PongFrame(7))),
+    "RESET of an ended stream": (
+        with_ended_stream,
+        lambda: itertools.repeat(ResetFrame(1, ErrorCode.CANCEL)),
+    ),
+    "DATA on an ended stream": (with_ended_stream, lambda: itertools.repeat(DataFrame(1, b"x"))),
+    "empty DATA": (with_stream, lambda: itertools.repeat(DataFrame(1, b""))),
+    "MESSAGE": (with_stream, lambda: itertools.repeat(MessageFrame("note", {}))),
+    "GOAWAY without an error": (
+        with_stream,
+        lambda: itertools.repeat(GoAwayFrame(0, ErrorCode.NO_ERROR)),
+    ),
+    "refused OPEN": (lambda: with_stream(Limits(max_streams=1)), refused_opens),
+}
+
+
+@pytest.mark.parametrize("kind", FLOODS)
+def test_a_flood_of_frames_without_data_ends_the_connection(kind: str) -> None:
+    make_server, make_frames = FLOODS[kind]
+    server = make_server()
+    frames = make_frames()
+    flood(server, frames, ALLOWANCE_START)  # its allowance, before this side sent anything
+
+    with pytest.raises(ExcessiveLoadError, match="frames without data") as error:
+        flood(server, frames, 10)
+
+    assert error.value.code is ErrorCode.EXCESSIVE_LOAD
+    assert server.closed
+    [goaway] = sent_frames(server)
+    assert isinstance(goaway, GoAwayFrame)
+    assert goaway.code == ErrorCode.EXCESSIVE_LOAD
+
+
+def test_time_adds_to_the_allowance() -> None:
+    server = with_stream()
+    frames = itertools.repeat(WindowFrame(1, 1))
+    flood(server, frames, ALLOWANCE_START, now=0.0)
+
+    flood(server, frames, 10 * ALLOWANCE_PER_SECOND, now=10.0)  # ten seconds' worth
+
+    with pytest.raises(ExcessiveLoadError):
+        flood(server, frames, 10, now=10.0)
+
+
+def test_what_a_peer_may_save_up_is_capped() -> None:
+    allowance = ControlAllowance()
+    allowance.earn(10**9)
+
+    for _ in range(ALLOWANCE_CAP):
+        allowance.spend(0.0)
+    with pytest.raises(ExcessiveLoadError):
+        allowance.spend(0.0)
+
+
+def test_a_peer_answering_a_long_transfer_with_windows_is_never_cut_off() -> None:
+    # The client grants 4 KiB per stream: the server's DATA frames are small and
+    # the client returns credit for every KiB it reads, so the server receives
+    # far more WINDOWs than its starting allowance (64 MiB / 1 KiB = 65,536).
+    pair = Pair(client=Connection(Side.CLIENT, Limits(initial_window=4096)))
+    stream_id = pair.client.open_stream("http", {}, end_stream=True)
+    pair.exchange()
+    messages_before = pair.server.stats.messages_received
+    remaining = 64 * 1024 * 1024
+    chunk = bytes(4096)
+    while remaining:
+        size = min(pair.server.send_capacity(stream_id), remaining, len(chunk))
+        pair.server.send_data(stream_id, chunk[:size])
+        remaining -= size
+        for event in pair.send(pair.server):
+            if isinstance(event, DataReceived):
+                for offset in range(0, len(event.data), 1024):
+                    pair.client.acknowledge_data(stream_id, len(event.data[offset : offset + 1024]))
+        pair.send(pair.client)  # its WINDOWs
+
+    assert not pair.server.closed
+    # At least one WINDOW in each message the client sent.
+    assert pair.server.stats.messages_received - messages_before > ALLOWANCE_START
