@@ -88,6 +88,7 @@ class Connection:
         capabilities: Iterable[str] = (),
         info: Mapping[str, Any] | None = None,
         versions: tuple[int, int] = (MIN_PROTOCOL_VERSION, MAX_PROTOCOL_VERSION),
+        stream_kinds: Iterable[str] | None = None,
     ) -> None:
         self.side = side
         self.limits = limits or Limits()
@@ -133,6 +134,9 @@ class Connection:
         self._maps_fit = False
         self._goaway_sent: int | None = None
         self._goaway_received: int | None = None
+        # The kinds of stream the peer may open; others are refused at once
+        # (docs/protocol.md, "OPEN"). None takes every kind.
+        self._stream_kinds = None if stream_kinds is None else frozenset(stream_kinds)
         self._liveness = Liveness(self.keepalive)
         self._outbox.control.append((hello, hello_size))
 

@@ -202,6 +202,16 @@ def _open(conn: Connection, frame: OpenFrame, now: float, events: list[Event]) -
             peer_caused=True,
         )
         return
+    taken = conn._stream_kinds
+    if taken is not None and frame.kind not in taken:
+        outbox.allowance.spend(now)
+        outbox.queue_reset(
+            stream_id,
+            ErrorCode.REFUSED_STREAM,
+            f"this side takes no {frame.kind} streams",
+            peer_caused=True,
+        )
+        return
     # A message too short to hold an oversized map is not measured again.
     if not conn._maps_fit:
         size = packed_size(frame.headers)

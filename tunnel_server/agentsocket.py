@@ -134,6 +134,9 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
             settings.limits,
             keepalive=settings.keepalive,
             info={kinds.INFO_SERVER_VERSION: __version__},
+            # Refused in the protocol, without a task each: an agent opening
+            # others at full speed costs the server no more than a WINDOW.
+            stream_kinds={kinds.STREAM_COMMAND_REPORT},
         ),
         handlers=SessionHandlers(
             on_stream=_reports_of(context, identity.cluster),

@@ -22,7 +22,7 @@ from protocol import Connection, ErrorCode, Event, GoAwayReceived, Limits, Side,
 from protocol.allowance import ALLOWANCE_START
 from protocol.frames import WindowFrame, encode_message
 from protocol.records import RecordReader, encode_record
-from tunnel_mux import Session, SessionHandlers, WebSocketTransport
+from tunnel_mux import Session, SessionHandlers, StreamResetError, WebSocketTransport
 from tunnel_pki.certs import load_certificate
 from tunnel_pki.csr import make_csr
 from tunnel_pki.keys import generate_private_key, private_key_to_pem
@@ -242,6 +242,19 @@ async def test_unfinished_report_records_of_a_cluster_are_held_within_a_bound(
         for stream in streams[:3]:
             stream.reset()
         await until(lambda: "prod" not in dispatcher.report_buffered, max_turns=10**6)
+
+
+async def test_a_stream_of_a_kind_the_server_does_not_take_is_refused_and_the_session_stays(
+    server: RunningServer,
+) -> None:
+    async with attached(server, "prod") as (session, _):
+        stream = session.open_stream(kinds.STREAM_HTTP, {})
+        with pytest.raises(StreamResetError) as refused:
+            await asyncio.wait_for(stream.read(), PROMPTLY)
+        assert refused.value.code == ErrorCode.REFUSED_STREAM
+        assert refused.value.reason == "this side takes no http streams"
+        assert await asyncio.wait_for(session.ping(), PROMPTLY) >= 0
+        assert server.context.registry.get("prod") is not None
 
 
 async def test_an_agent_flooding_frames_without_data_is_cut_off_and_no_other(

@@ -39,7 +39,7 @@ from protocol.frames import (
     WindowFrame,
 )
 
-from .pair import Pair, feed, handshaken, of_type, sent_frames
+from .pair import Pair, feed, hello, of_type, sent_frames
 
 #: Frames a hand-played peer sends per message.
 PER_MESSAGE = 1000
@@ -55,8 +55,10 @@ def flood(connection: Connection, frames: Iterator[Frame], count: int, now: floa
 
 
 def with_stream(limits: Limits | None = None) -> Connection:
-    """A server whose hand-played client has opened stream 1."""
-    server = handshaken(Side.SERVER, limits)
+    """A server that takes ``http`` streams, whose hand-played client has opened stream 1."""
+    server = Connection(Side.SERVER, limits, stream_kinds={"http"})
+    sent_frames(server)
+    feed(server, hello())
     assert of_type(feed(server, OpenFrame(1, "http", {})), StreamOpened)
     server.data_to_send()
     return server
@@ -72,6 +74,11 @@ def with_ended_stream() -> Connection:
 def refused_opens() -> Iterator[Frame]:
     """OPENs the server refuses: it takes one stream at a time, and stream 1 is open."""
     return (OpenFrame(stream_id, "http", {}) for stream_id in itertools.count(3, 2))
+
+
+def opens_of_a_kind_not_taken() -> Iterator[Frame]:
+    """OPENs the server refuses: it takes only ``http`` streams."""
+    return (OpenFrame(stream_id, "shell", {}) for stream_id in itertools.count(3, 2))
 
 
 #: Each kind of frame that carries no data: the server it goes to, and the frames.
@@ -92,6 +99,7 @@ FLOODS: dict[str, tuple[Callable[[], Connection], Callable[[], Iterator[Frame]]]
         lambda: itertools.repeat(GoAwayFrame(0, ErrorCode.NO_ERROR)),
     ),
     "refused OPEN": (lambda: with_stream(Limits(max_streams=1)), refused_opens),
+    "OPEN of a kind not taken": (with_stream, opens_of_a_kind_not_taken),
 }
 
 

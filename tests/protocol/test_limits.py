@@ -36,7 +36,7 @@ from protocol.frames import (
 )
 from protocol.limits import MAX_STREAM_ID, MESSAGE_OVERHEAD, MIN_FRAME_SIZE
 
-from .pair import Pair, assert_accounted, feed, handshaken, of_type, sent_frames
+from .pair import Pair, assert_accounted, feed, handshaken, hello, of_type, sent_frames
 
 SMALL = Limits(max_frame_size=MIN_FRAME_SIZE, max_header_size=1024, max_streams=2)
 
@@ -165,6 +165,21 @@ def test_a_peer_opening_more_streams_than_allowed_is_refused() -> None:
     assert [e.stream_id for e in of_type(events, StreamOpened)] == [1, 3]
     [reset] = of_type(sent_frames(server), ResetFrame)
     assert (reset.stream_id, reset.code) == (5, ErrorCode.REFUSED_STREAM)
+    assert not server.closed
+    assert_accounted(server)
+
+
+def test_a_stream_of_a_kind_this_side_does_not_take_is_refused_without_an_event() -> None:
+    server = Connection(Side.SERVER, stream_kinds={"command.report"})
+    sent_frames(server)
+    feed(server, hello())
+
+    events = feed(server, OpenFrame(1, "http", {}), OpenFrame(3, "command.report", {}))
+
+    assert [(e.stream_id, e.kind) for e in of_type(events, StreamOpened)] == [(3, "command.report")]
+    [reset] = of_type(sent_frames(server), ResetFrame)
+    assert (reset.stream_id, reset.code) == (1, ErrorCode.REFUSED_STREAM)
+    assert reset.reason == "this side takes no http streams"
     assert not server.closed
     assert_accounted(server)
 
