@@ -92,8 +92,7 @@ class FrontDoor(asyncio.Protocol):
         self._counted = False
         #: Over the bound with nothing idle to close: its request gets a 503.
         self._refused = False
-        #: The serial of the agent certificate it presented (not counted while
-        #: that is not revoked), else None.
+        #: The serial of its agent certificate (not counted while not revoked), or None.
         self._agent_serial: int | None = None
         self._keepalive_timeout = keepalive_timeout
         self._loop = asyncio.get_running_loop()
@@ -119,8 +118,7 @@ class FrontDoor(asyncio.Protocol):
     # ------------------------------------------------------------ asyncio
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A cast, not an isinstance check: uvloop's transports are not
-        # subclasses of asyncio.Transport.
+        # A cast: uvloop's transports do not subclass asyncio.Transport.
         self._transport = cast(asyncio.Transport, transport)
         enable_tcp_keepalive(transport)
         self._doors.open.add(self)
@@ -215,8 +213,10 @@ class FrontDoor(asyncio.Protocol):
         assert self._transport is not None
         if self._lost or self._transport.is_closing():
             return
-        # Search only what came since the last look (a head sent a byte at a
-        # time must not be scanned from the start each time).
+        while self._buffer.startswith(b"\r\n"):  # empty lines before it (RFC 9112, 2.2)
+            del self._buffer[:2]
+            self._scanned = 0
+        # Search only what came since the last look (not all again per byte sent).
         end = self._buffer.find(b"\r\n\r\n", max(0, self._scanned - 3))
         if end < 0:
             self._scanned = len(self._buffer)

@@ -141,3 +141,15 @@ async def test_a_refused_get_still_gets_its_status_body(tunnel: Tunnel) -> None:
     async with caller(tunnel.server) as connection:
         connection.send(request("GET", f"{PODS}/demo", None))
         assert_status_object(await connection.reply(), 401, "Unauthorized")
+
+
+async def test_empty_lines_before_a_request_line_are_ignored(tunnel: Tunnel) -> None:
+    # RFC 9112, 2.2: a server SHOULD ignore them. Old clients send one after a body.
+    async with caller(tunnel.server) as connection:
+        connection.send(b"\r\n\r\n" + request("GET", f"{PODS}/demo", tunnel.alice_token))
+        first = await connection.reply()
+        connection.send(b"\r\n" + request("GET", f"{PODS}/demo", None))
+        second = await connection.reply()
+    assert first.status == 200
+    assert first.json()["metadata"]["name"] == "demo"
+    assert_status_object(second, 401, "Unauthorized")
