@@ -9,7 +9,7 @@ Standard library only.
 
 from .paths import UNPLAIN_PATH, is_plain_path
 from .requests import ApiRequest, parse_api_request
-from .status import error_answer, status_body
+from .status import error_answer, status_body, warning_header
 
 __all__ = [
     "UNPLAIN_PATH",
@@ -18,4 +18,5 @@ __all__ = [
     "is_plain_path",
     "parse_api_request",
     "status_body",
+    "warning_header",
 ]

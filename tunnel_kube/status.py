@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["error_answer", "status_body"]
+__all__ = ["error_answer", "status_body", "warning_header"]
 
 #: In the Accept header of a client asking for aggregated discovery.
 _AGGREGATED_DISCOVERY = "apidiscovery.k8s.io"
 JSON = "application/json"
 PLAIN_TEXT = "text/plain; charset=utf-8"
+#: Characters of a message put in a Warning header.
+MAX_WARNING = 512
 
 
 def status_body(code: int, reason: str, message: str) -> bytes:
@@ -44,3 +46,9 @@ def error_answer(code: int, reason: str, message: str, accept: str) -> tuple[byt
     if _AGGREGATED_DISCOVERY in accept.partition(",")[0]:
         return f"{message}\n".encode(), PLAIN_TEXT
     return status_body(code, reason, message), JSON
+
+
+def warning_header(text: str) -> str:
+    """``text`` as a Warning header value, which kubectl prints (``299 - "..."``, RFC 7234)."""
+    shown = "".join(c if " " <= c <= "~" else "?" for c in text[:MAX_WARNING])
+    return '299 - "' + shown.replace("\\", "\\\\").replace('"', '\\"') + '"'

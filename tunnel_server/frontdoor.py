@@ -26,7 +26,6 @@ from typing import cast
 from aiohttp import web
 
 from protocol.http import METHODS, ResponseHead
-from tunnel_kube import error_answer
 from tunnel_kube.tcp_keepalive import enable_tcp_keepalive
 from tunnel_mux import MuxStream, SessionError
 
@@ -479,11 +478,7 @@ class FrontDoor(asyncio.Protocol):
     def _answer_status(self, refusal: ProxyRefusal, request: CallerRequest) -> None:
         if self._body is not None and not self._body.complete:
             self._keep_alive = False  # the rest of the body is still on its way
-        accept = request.header("accept") or ""
-        body, content_type = error_answer(refusal.code, refusal.reason, refusal.message, accept)
-        headers = [("content-type", content_type), ("content-length", str(len(body)))]
-        if refusal.retry:
-            headers.append(("retry-after", "1"))
+        body, headers = refusal.answer(request.header("accept") or "", request.target)
         if not self._keep_alive:
             headers.append(("connection", "close"))
         if request.method == "HEAD":

@@ -19,7 +19,6 @@ from aiohttp import web
 
 from protocol.errors import MalformedFrameError
 from protocol.http import ResponseHeadParser
-from tunnel_kube import error_answer
 from tunnel_mux import MuxStream, SessionError
 from tunnel_mux.upgraded import UpgradedReader
 
@@ -28,7 +27,7 @@ from .proxyrefusal import ProxyRefusal, dropped_refusal, revoked_reason
 from .proxyrequest import ProxyExchange, answer_headers, finish, open_relay, upload
 from .wsframes import CLOSE_GOING_AWAY, CLOSE_POLICY, FrameBoundary, close_frame
 
-__all__ = ["PROXY_ROUTE", "kube_status", "setup_kube_proxy"]
+__all__ = ["PROXY_ROUTE", "setup_kube_proxy"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,13 +64,10 @@ async def kube_proxy(request: web.Request) -> web.StreamResponse:
         return await _exchange(request, stream, upgrade is not None, has_body, exchange)
     except ProxyRefusal as refusal:
         exchange.refused(refusal)
-        return kube_status(
-            refusal.code,
-            refusal.reason,
-            refusal.message,
-            retry=refusal.retry,
-            accept=request.headers.get("Accept", ""),
-        )
+        body, headers = refusal.answer(request.headers.get("Accept", ""), request.raw_path)
+        # aiohttp sets Content-Length itself.
+        fields = {name: value for name, value in headers if name != "content-length"}
+        return web.Response(status=refusal.code, body=body, headers=fields)
     except asyncio.CancelledError:
         if not exchange.ended:
             exchange.cut_short("cancelled: the caller left, or the server is shutting down")
@@ -245,17 +241,3 @@ def _announces_body(request: web.Request) -> bool:
     """The request says a body follows its head (a Content-Length above 0, or chunks)."""
     lengths = request.headers.getall("Content-Length", ())
     return "Transfer-Encoding" in request.headers or any(v.strip() != "0" for v in lengths)
-
-
-def kube_status(
-    code: int, reason: str, message: str, *, retry: bool = False, accept: str = ""
-) -> web.Response:
-    """A ``metav1.Status`` failure, as the API server would answer (``retry``: Retry-After: 1).
-
-    In plain text for a client asking for aggregated discovery (``error_answer``).
-    """
-    body, content_type = error_answer(code, reason, message, accept)
-    response = web.Response(status=code, body=body, headers={"Content-Type": content_type})
-    if retry:
-        response.headers["Retry-After"] = "1"
-    return response

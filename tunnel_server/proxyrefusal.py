@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from protocol import kinds
-from tunnel_kube import status_body
+from tunnel_kube import error_answer, parse_api_request, status_body, warning_header
 from tunnel_mux import SessionError, SessionTimeoutError, StreamResetError
 
 from .errors import ServerError
@@ -44,6 +44,29 @@ class ProxyRefusal(ServerError):
         self.reason = reason
         self.message = message
         self.retry = code in (429, 503) if retry is None else retry
+
+    def answer(self, accept: str, target: str) -> tuple[bytes, list[tuple[str, str]]]:
+        """The body and headers that answer a request with ``accept`` on ``target``.
+
+        client-go prints a refusal's message for a request on a resource, and a
+        403's for any; for discovery, ``/version`` or ``/openapi`` it prints its
+        own words for the status ("the server is currently unable to handle the
+        request"). kubectl prints every Warning header, once per text: the
+        message goes in one there.
+        """
+        body, content_type = error_answer(self.code, self.reason, self.message, accept)
+        headers = [("content-type", content_type), ("content-length", str(len(body)))]
+        if self.retry:
+            headers.append(("retry-after", "1"))
+        if self.code != 403 and not parse_api_request("GET", _in_cluster(target)).is_resource:
+            headers.append(("warning", warning_header(self.message)))
+        return body, headers
+
+
+def _in_cluster(target: str) -> str:
+    """The path within its cluster of a ``/k8s/clusters/{cluster}/...`` target."""
+    parts = target.split("/", 4)
+    return "/" + parts[4] if len(parts) == 5 else "/"
 
 
 def revoked_reason(error: SessionError) -> str | None:

@@ -57,3 +57,49 @@ async def test_the_first_run_with_access_works_as_before(tunnel: Tunnel, fresh_h
     result = await first_run(tunnel, fresh_home, "get", "pods")
     assert result.returncode == 0, result.stderr
     assert "demo" in result.stdout
+
+
+async def an_offline_cluster(tunnel: Tunnel, name: str) -> Path:
+    """A kubeconfig of alice's for cluster ``name``, which has no agent connected."""
+    await tunnel.server.add_cluster(name)
+    status, _ = await tunnel.server.api("PUT", f"/api/v1/grants/alice/{name}", {})
+    assert status == 200
+    status, answer = await tunnel.server.api(
+        "POST", f"/api/v1/users/alice/kubeconfig?cluster={name}"
+    )
+    assert status == 201
+    kubeconfig = tunnel.settings_dir / f"{name}.yaml"
+    kubeconfig.write_text(answer["kubeconfig"].replace("https://127.0.0.1:1", tunnel.server.url))
+    return kubeconfig
+
+
+async def test_an_offline_cluster_is_said_plainly_on_the_first_run(
+    tunnel: Tunnel, fresh_home: Path
+) -> None:
+    kubeconfig = await an_offline_cluster(tunnel, "dark")
+
+    result = await Kubectl(kubeconfig, fresh_home, fresh_home).run("get", "pods")
+
+    assert result.returncode != 0
+    # client-go prints its own words for a 503 on discovery; the Warning says why.
+    assert "Warning: cluster dark is not connected (its agent is offline)" in result.stderr
+    assert result.stderr.count("Warning:") == 1  # kubectl prints each text once
+
+
+async def test_a_refusal_kubectl_prints_itself_carries_no_warning(
+    tunnel: Tunnel, fresh_home: Path
+) -> None:
+    kubeconfig = await an_offline_cluster(tunnel, "dark")
+
+    result = await Kubectl(kubeconfig, fresh_home, fresh_home).run(
+        "get",
+        "--raw",
+        "/k8s/clusters/dark/api/v1/namespaces/default/pods",  # not under the server URL
+    )
+
+    assert result.returncode != 0
+    assert (
+        "Error from server (ServiceUnavailable): cluster dark is not connected "
+        "(its agent is offline)" in result.stderr
+    )
+    assert "Warning:" not in result.stderr
