@@ -164,3 +164,24 @@ def test_a_peer_answering_a_long_transfer_with_windows_is_never_cut_off() -> Non
     assert not pair.server.closed
     # At least one WINDOW in each message the client sent.
     assert pair.server.stats.messages_received - messages_before > ALLOWANCE_START
+
+
+def test_resetting_streams_whose_credit_the_peer_had_spent_in_small_frames_costs_nothing() -> None:
+    # A kubectl logs -f given up: the agent had sent the stream's whole credit
+    # in small frames (log lines), which arrive after this side's RESET.
+    pair = Pair()
+    line = b"x" * 512
+    for _ in range(2 * ALLOWANCE_START // (1024 * 1024 // len(line))):
+        stream_id = pair.client.open_stream("http", {}, end_stream=True)
+        pair.send(pair.client)
+        in_flight: list[bytes] = []
+        for _ in range(1024 * 1024 // len(line)):  # its whole credit, as 2,048 frames
+            pair.server.send_data(stream_id, line)
+            in_flight += pair.server.data_to_send()
+        pair.client.reset_stream(stream_id)
+        for message in in_flight:
+            assert pair.client.receive_data(message, pair.now) == []  # dropped
+        pair.exchange()
+
+    assert not pair.client.closed
+    assert not pair.server.closed
