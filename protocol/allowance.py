@@ -1,19 +1,21 @@
 """How many frames that carry no data a peer may send: its allowance.
 
 Most frames cost the receiver more than their few bytes: a WINDOW, a PING, a
-RESET of a stream that has ended, or a DATA frame with neither payload nor
-END is five or six bytes on the wire and a quarter of a microsecond or more
-to handle, about a thousand times a DATA frame's cost per byte. A peer that
-sends nothing else (a compromised agent, say) could keep the other side's one
-event loop busy, and every other connection waiting, with a few MB/s.
+RESET, an OPEN, or a DATA frame with neither payload nor END is five to
+twenty bytes on the wire and a quarter of a microsecond or more to handle
+(an OPEN, with its handler task, forty), about a thousand times a DATA
+frame's cost per byte. A peer that sends nothing else (a compromised agent,
+say) could keep the other side's one event loop busy, and every other
+connection waiting, with a few MB/s.
 
 A well-behaved peer sends such frames in answer to what this side does: a
 WINDOW for the data this side sent, a PONG for its PING, a RESET or WINDOW on
-a stream either side opened, a PING every second at most. So the allowance
-grows with what this side sends, and with time, and each such frame spends one
-(docs/protocol.md, "Limits"); a peer that spends past it is a connection error
-EXCESSIVE_LOAD. HTTP/2 servers guard the same way against "empty frame" and
-"control frame" floods (CVE-2019-9518, CVE-2019-9512).
+a stream this side opened, an OPEN that this side answers with data, a PING
+every second at most. So the allowance grows with what this side sends, and
+with time, and each such frame spends one (docs/protocol.md, "Frames without
+data"); a peer that spends past it is a connection error EXCESSIVE_LOAD.
+HTTP/2 servers guard the same way against "empty frame", "control frame" and
+"rapid reset" floods (CVE-2019-9518, CVE-2019-9512, CVE-2023-44487).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ __all__ = [
 ALLOWANCE_START = 10_000
 #: The most a peer may save up: what it may spend in one burst.
 ALLOWANCE_CAP = 100_000
-#: What time adds, per second (PINGs, MESSAGEs and GOAWAYs of its own).
+#: What time adds, per second (its own PINGs and MESSAGEs, requests given up unanswered).
 ALLOWANCE_PER_SECOND = 100
 
 
@@ -62,11 +64,12 @@ class ControlAllowance:
             gained = int((now - since) * ALLOWANCE_PER_SECOND)
             if gained > 0:
                 self.earn(gained)
-                self.since = now
+                # Keep the fraction: a peer just under the rate is never cut.
+                self.since = since + gained / ALLOWANCE_PER_SECOND
         if self.tokens < 0:
             self.tokens = 0  # a peer that answers the error is not failed twice
             raise ExcessiveLoadError(
                 "the peer sent more frames without data (WINDOW, PING, PONG, RESET, GOAWAY, "
-                "MESSAGE, empty DATA, refused OPEN) than this side's traffic accounts for: "
+                "MESSAGE, OPEN, empty DATA) than this side's traffic accounts for: "
                 "a flood, or a peer that is not well behaved"
             )

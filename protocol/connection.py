@@ -324,11 +324,9 @@ class Connection:
             if not self._is_known(stream_id):
                 raise UnknownStreamError(f"stream {stream_id} was never opened")
             return
+        # Earns nothing: else a peer whose every stream this side refuses
+        # (an agent opening reports without an id) could fund a flood with OPENs.
         self._outbox.queue_reset(stream_id, code, reason)
-        # The peer's frames already on their way: up to its credit on the
-        # stream, in frames of 512 bytes, say (a watch's events, log lines).
-        held = stream.recv_window
-        self._outbox.allowance.earn(2 + (held >> 9 if held < 1 << 20 else 2048))
         self._finish(stream, StreamState.RESET)
 
     def acknowledge_data(self, stream_id: int, size: int) -> None:

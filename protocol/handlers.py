@@ -102,6 +102,7 @@ def handle_frames(conn: Connection, frames: list[Frame], now: float, events: lis
 
 def _in_handshake(conn: Connection, frame: Frame, now: float, events: list[Event]) -> None:
     if type(frame) is GoAwayFrame:
+        conn._outbox.allowance.spend(now)
         _goaway(conn, frame, events)
         return
     if type(frame) is not HelloFrame:
@@ -132,7 +133,9 @@ def _data(conn: Connection, frame: DataFrame, now: float, events: list[Event]) -
         # A stream that already ended: frames in flight are dropped, but
         # their connection credit is returned (docs/protocol.md, "Flow control").
         _require_known(conn, frame.stream_id, "DATA")
-        conn._outbox.allowance.spend(now)
+        if not size and not frame.end_stream:
+            # Payload is paid for as on an open stream, an END was due anyway.
+            conn._outbox.allowance.spend(now)
         conn._return_connection_credit()
         return
     state = stream.state
@@ -187,14 +190,15 @@ def _open(conn: Connection, frame: OpenFrame, now: float, events: list[Event]) -
     conn._highest_remote_id = stream_id
     limits = conn.limits
     outbox = conn._outbox
+    # Accepted or refused: its stream costs this side work the peer's allowance
+    # pays for (the answer's DATA earns it back).
+    outbox.allowance.spend(now)
     if conn._goaway_sent is not None:
-        outbox.allowance.spend(now)
         outbox.queue_reset(
             stream_id, ErrorCode.REFUSED_STREAM, "this side is going away", peer_caused=True
         )
         return
     if conn._remote_open >= limits.max_streams:
-        outbox.allowance.spend(now)
         outbox.queue_reset(
             stream_id,
             ErrorCode.REFUSED_STREAM,
@@ -204,7 +208,6 @@ def _open(conn: Connection, frame: OpenFrame, now: float, events: list[Event]) -
         return
     taken = conn._stream_kinds
     if taken is not None and frame.kind not in taken:
-        outbox.allowance.spend(now)
         outbox.queue_reset(
             stream_id,
             ErrorCode.REFUSED_STREAM,
@@ -216,7 +219,6 @@ def _open(conn: Connection, frame: OpenFrame, now: float, events: list[Event]) -
     if not conn._maps_fit:
         size = packed_size(frame.headers)
         if size > limits.max_header_size:
-            outbox.allowance.spend(now)
             outbox.queue_reset(
                 stream_id,
                 ErrorCode.HEADER_TOO_LARGE,
@@ -236,7 +238,6 @@ def _open(conn: Connection, frame: OpenFrame, now: float, events: list[Event]) -
     conn._sharing.recent.touch(stream_id, conn.stats.bytes_received)
     conn._remote_open += 1
     conn.stats.streams_opened += 1
-    outbox.allowance.earn(2)  # its RESET, a WINDOW
     events.append(StreamOpened(stream_id, frame.kind, frame.headers, frame.end_stream))
     if frame.end_stream:
         stream.state = StreamState.HALF_CLOSED_REMOTE
@@ -298,10 +299,13 @@ def _message(conn: Connection, frame: MessageFrame, events: list[Event]) -> None
 
 def _goaway(conn: Connection, frame: GoAwayFrame, events: list[Event]) -> None:
     last = frame.last_stream_id
-    if conn._goaway_received is not None:
-        last = min(last, conn._goaway_received)
+    previous = conn._goaway_received
+    if previous is not None:
+        last = min(last, previous)
     conn._goaway_received = last
     events.append(GoAwayReceived(last, frame.code, frame.reason))
+    if last == previous and frame.code == ErrorCode.NO_ERROR:
+        return  # nothing new: the streams above it were refused at the first
     if frame.code != ErrorCode.NO_ERROR:
         for stream in list(conn._streams.values()):
             # Above ``last`` the peer never saw the stream: safe to retry.

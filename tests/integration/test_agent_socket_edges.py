@@ -20,7 +20,14 @@ import pytest
 
 from protocol import Connection, ErrorCode, Event, GoAwayReceived, Limits, Side, kinds
 from protocol.allowance import ALLOWANCE_START
-from protocol.frames import WindowFrame, encode_message
+from protocol.frames import (
+    GoAwayFrame,
+    OpenFrame,
+    ResetFrame,
+    WindowFrame,
+    decode_message,
+    encode_message,
+)
 from protocol.records import RecordReader, encode_record
 from tunnel_mux import Session, SessionHandlers, StreamResetError, WebSocketTransport
 from tunnel_pki.certs import load_certificate
@@ -31,7 +38,7 @@ from tunnel_server.agentsocket import REVOKED_SESSION
 from tunnel_server.commands import dispatcher as dispatcher_module
 from tunnel_server.context import utcnow
 
-from ..protocol.pair import of_type
+from ..protocol.pair import READ_ALL, of_type
 from ..support import until
 from .commands_support import command
 from .harness import RunningServer
@@ -255,6 +262,35 @@ async def test_a_stream_of_a_kind_the_server_does_not_take_is_refused_and_the_se
         assert refused.value.reason == "this side takes no http streams"
         assert await asyncio.wait_for(session.ping(), PROMPTLY) >= 0
         assert server.context.registry.get("prod") is not None
+
+
+async def test_report_streams_the_server_refuses_do_not_fund_a_flood(
+    server: RunningServer,
+) -> None:
+    # Found in review: each stream the server reset earned the agent up to
+    # 2,050 frames, so a report the handler refuses (it has no id) paid for a
+    # thousand WINDOWs sent with it, round after round.
+    key_pem, cert_pem = await bootstrapped(server, "prod")
+    async with upgraded(server, key_pem, cert_pem) as socket:
+        agent = Connection(Side.CLIENT, Limits(), info={kinds.INFO_AGENT_VERSION: "hand"})
+        for hello in agent.data_to_send():
+            await socket.send_bytes(hello)
+        while agent.version is None:
+            agent.receive_data((await asyncio.wait_for(socket.receive(), PROMPTLY)).data, 0.0)
+        goaways: list[GoAwayFrame] = []
+        for report in range(1, 6 * ALLOWANCE_START // 1000, 2):
+            opened = OpenFrame(report, kinds.STREAM_COMMAND_REPORT, {})
+            await socket.send_bytes(encode_message([opened] + [WindowFrame(0, 1)] * 1000))
+            refused = False
+            while not refused and not goaways:  # the server's answer to this round
+                message = await asyncio.wait_for(socket.receive(), PROMPTLY)
+                assert message.type is aiohttp.WSMsgType.BINARY, message
+                frames = decode_message(message.data, READ_ALL)
+                refused = any(reset.stream_id == report for reset in of_type(frames, ResetFrame))
+                goaways = of_type(frames, GoAwayFrame)
+            if goaways:
+                break
+    assert [goaway.code for goaway in goaways] == [ErrorCode.EXCESSIVE_LOAD]
 
 
 async def test_an_agent_flooding_frames_without_data_is_cut_off_and_no_other(

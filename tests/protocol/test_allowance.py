@@ -43,6 +43,8 @@ from .pair import Pair, feed, hello, of_type, sent_frames
 
 #: Frames a hand-played peer sends per message.
 PER_MESSAGE = 1000
+#: The most of the allowance the set-ups below spend (an OPEN, a RESET).
+SET_UP = 10
 
 
 def flood(connection: Connection, frames: Iterator[Frame], count: int, now: float = 0.0) -> None:
@@ -81,6 +83,18 @@ def opens_of_a_kind_not_taken() -> Iterator[Frame]:
     return (OpenFrame(stream_id, "shell", {}) for stream_id in itertools.count(3, 2))
 
 
+def opens() -> Iterator[Frame]:
+    """OPENs the server accepts, up to its 2,048 streams, and refuses after."""
+    return (OpenFrame(stream_id, "http", {}) for stream_id in itertools.count(3, 2))
+
+
+def rapid_resets() -> Iterator[Frame]:
+    """Streams opened and reset at once (HTTP/2's "rapid reset", CVE-2023-44487)."""
+    for stream_id in itertools.count(3, 2):
+        yield OpenFrame(stream_id, "http", {})
+        yield ResetFrame(stream_id, ErrorCode.CANCEL)
+
+
 #: Each kind of frame that carries no data: the server it goes to, and the frames.
 FLOODS: dict[str, tuple[Callable[[], Connection], Callable[[], Iterator[Frame]]]] = {
     "WINDOW on a stream": (with_stream, lambda: itertools.repeat(WindowFrame(1, 1))),
@@ -91,7 +105,10 @@ FLOODS: dict[str, tuple[Callable[[], Connection], Callable[[], Iterator[Frame]]]
         with_ended_stream,
         lambda: itertools.repeat(ResetFrame(1, ErrorCode.CANCEL)),
     ),
-    "DATA on an ended stream": (with_ended_stream, lambda: itertools.repeat(DataFrame(1, b"x"))),
+    "empty DATA on an ended stream": (
+        with_ended_stream,
+        lambda: itertools.repeat(DataFrame(1, b"")),
+    ),
     "empty DATA": (with_stream, lambda: itertools.repeat(DataFrame(1, b""))),
     "MESSAGE": (with_stream, lambda: itertools.repeat(MessageFrame("note", {}))),
     "GOAWAY without an error": (
@@ -100,6 +117,8 @@ FLOODS: dict[str, tuple[Callable[[], Connection], Callable[[], Iterator[Frame]]]
     ),
     "refused OPEN": (lambda: with_stream(Limits(max_streams=1)), refused_opens),
     "OPEN of a kind not taken": (with_stream, opens_of_a_kind_not_taken),
+    "OPEN": (with_stream, opens),
+    "OPEN and RESET": (with_stream, rapid_resets),
 }
 
 
@@ -108,10 +127,11 @@ def test_a_flood_of_frames_without_data_ends_the_connection(kind: str) -> None:
     make_server, make_frames = FLOODS[kind]
     server = make_server()
     frames = make_frames()
-    flood(server, frames, ALLOWANCE_START)  # its allowance, before this side sent anything
+    # Its allowance, before this side sent anything, less what setting up took.
+    flood(server, frames, ALLOWANCE_START - SET_UP)
 
     with pytest.raises(ExcessiveLoadError, match="frames without data") as error:
-        flood(server, frames, 10)
+        flood(server, frames, 2 * SET_UP)
 
     assert error.value.code is ErrorCode.EXCESSIVE_LOAD
     assert server.closed
@@ -123,12 +143,33 @@ def test_a_flood_of_frames_without_data_ends_the_connection(kind: str) -> None:
 def test_time_adds_to_the_allowance() -> None:
     server = with_stream()
     frames = itertools.repeat(WindowFrame(1, 1))
-    flood(server, frames, ALLOWANCE_START, now=0.0)
+    flood(server, frames, ALLOWANCE_START - SET_UP, now=0.0)
 
     flood(server, frames, 10 * ALLOWANCE_PER_SECOND, now=10.0)  # ten seconds' worth
 
     with pytest.raises(ExcessiveLoadError):
-        flood(server, frames, 10, now=10.0)
+        flood(server, frames, 2 * SET_UP, now=10.0)
+
+
+def test_goaways_before_the_hello_spend_the_allowance() -> None:
+    server = Connection(Side.SERVER)
+    sent_frames(server)
+
+    with pytest.raises(ExcessiveLoadError):
+        flood(server, itertools.repeat(GoAwayFrame(0, ErrorCode.NO_ERROR)), ALLOWANCE_START + 1)
+
+
+def test_a_peer_spending_just_under_the_rate_of_time_is_never_cut() -> None:
+    allowance = ControlAllowance()
+    allowance.since = 0.0
+    for _ in range(ALLOWANCE_START):
+        allowance.spend(0.0)
+    # 93.75 frames a second, in ones and twos every 16 ms: the fractions add up.
+    now = 0.0
+    for step in range(1000):
+        now += 0.016
+        for _ in range(1 + step % 2):
+            allowance.spend(now)
 
 
 def test_what_a_peer_may_save_up_is_capped() -> None:
