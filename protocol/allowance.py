@@ -26,6 +26,7 @@ __all__ = [
     "ALLOWANCE_CAP",
     "ALLOWANCE_PER_SECOND",
     "ALLOWANCE_START",
+    "FRAME_ENVELOPE",
     "ControlAllowance",
 ]
 
@@ -33,6 +34,9 @@ __all__ = [
 ALLOWANCE_START = 10_000
 #: The most a peer may save up: what it may spend in one burst.
 ALLOWANCE_CAP = 100_000
+#: Bytes of a message that are neither DATA payload nor this much per frame
+#: (the maps of OPENs and MESSAGEs) spend one per KiB.
+FRAME_ENVELOPE = 16
 #: What time adds, per second (its own PINGs and MESSAGEs, requests given up unanswered).
 ALLOWANCE_PER_SECOND = 100
 
@@ -52,9 +56,9 @@ class ControlAllowance:
         tokens = self.tokens + amount
         self.tokens = tokens if tokens < ALLOWANCE_CAP else ALLOWANCE_CAP
 
-    def spend(self, now: float) -> None:
-        """The peer sent one such frame; raises :class:`ExcessiveLoadError` past the allowance."""
-        self.tokens -= 1
+    def spend(self, now: float, amount: int = 1) -> None:
+        """The peer sent such frames; raises :class:`ExcessiveLoadError` past the allowance."""
+        self.tokens -= amount
         if self.tokens < 0:
             self._replenish(now)
 

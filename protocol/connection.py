@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .allowance import FRAME_ENVELOPE
 from .checks import MAX_GROWTH, check_code, checked_kind_size, checked_size
 from .errors import (
     AcknowledgeError,
@@ -459,8 +460,16 @@ class Connection:
         self.stats.messages_received += 1
         events: list[Event] = []
         self._maps_fit = len(data) * MAX_GROWTH <= self.limits.max_header_size
+        received = self.stats.bytes_received
         try:
-            handle_frames(self, decode_message(data, self.limits), now, events)
+            frames = decode_message(data, self.limits)
+            handle_frames(self, frames, now, events)
+            # A map of many small items costs a frame's worth per KiB to decode
+            # and check: the rest of the message, past payload and envelopes.
+            extra = len(data) - (self.stats.bytes_received - received)
+            extra -= FRAME_ENVELOPE * len(frames)
+            if extra >= 1024 and not self.closed:
+                self._outbox.allowance.spend(now, extra >> 10)
         except RemoteProtocolError as exc:
             self._fail(exc)
             raise

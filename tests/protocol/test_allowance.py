@@ -37,6 +37,7 @@ from protocol.frames import (
     PongFrame,
     ResetFrame,
     WindowFrame,
+    encode_message,
 )
 
 from .pair import Pair, feed, hello, of_type, sent_frames
@@ -226,3 +227,38 @@ def test_resetting_streams_whose_credit_the_peer_had_spent_in_small_frames_costs
 
     assert not pair.client.closed
     assert not pair.server.closed
+
+
+def test_frames_with_maps_of_many_small_items_spend_by_the_kib() -> None:
+    # Two MESSAGEs of 15,000 small integers fill a message and take about a
+    # millisecond to decode: at one each, 10,000 would be five seconds of CPU.
+    server = with_stream()
+    heavy = encode_message([MessageFrame("note", {"items": list(range(100)) * 150})] * 2)
+
+    def heavy_messages() -> int:
+        """How many of them the server takes before it ends the connection."""
+        for taken in range(ALLOWANCE_START):
+            try:
+                server.receive_data(heavy, 0.0)
+            except ExcessiveLoadError:
+                return taken
+        return ALLOWANCE_START
+
+    assert heavy_messages() < ALLOWANCE_START // 30  # about 33 spent each
+
+
+def test_ordinary_requests_are_paid_for_by_their_answers() -> None:
+    # An agent's side: OPENs with a request's headers (about 600 bytes each)
+    # spend its allowance, twice over what it starts with; answers earn it back.
+    pair = Pair()
+    headers = {"method": "GET", "path": "/api/v1/pods", "headers": [["x-header", "v" * 40]] * 12}
+    for _ in range(2 * ALLOWANCE_START // 16):
+        ids = [pair.server.open_stream("http", headers, end_stream=True) for _ in range(16)]
+        for event in pair.send(pair.server):
+            assert not isinstance(event, DataReceived)
+        for stream_id in ids:
+            pair.client.send_data(stream_id, b'{"kind":"PodList"}', end_stream=True)
+        pair.exchange()
+
+    assert not pair.client.closed
+    assert pair.client.stats.streams_opened == 2 * ALLOWANCE_START
