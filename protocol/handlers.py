@@ -133,8 +133,9 @@ def _data(conn: Connection, frame: DataFrame, now: float, events: list[Event]) -
         # A stream that already ended: frames in flight are dropped, but
         # their connection credit is returned (docs/protocol.md, "Flow control").
         _require_known(conn, frame.stream_id, "DATA")
-        if not size and not frame.end_stream:
-            # Payload is paid for as on an open stream, an END was due anyway.
+        if not size:
+            # Payload is paid for by credit, as on an open stream; an END here
+            # is a race with this side's RESET at most once a stream.
             conn._outbox.allowance.spend(now)
         conn._return_connection_credit()
         return

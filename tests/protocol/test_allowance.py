@@ -110,6 +110,10 @@ FLOODS: dict[str, tuple[Callable[[], Connection], Callable[[], Iterator[Frame]]]
         with_ended_stream,
         lambda: itertools.repeat(DataFrame(1, b"")),
     ),
+    "END on an ended stream": (
+        with_ended_stream,
+        lambda: itertools.repeat(DataFrame(1, b"", end_stream=True)),
+    ),
     "empty DATA": (with_stream, lambda: itertools.repeat(DataFrame(1, b""))),
     "MESSAGE": (with_stream, lambda: itertools.repeat(MessageFrame("note", {}))),
     "GOAWAY without an error": (
