@@ -44,12 +44,14 @@ ALLOWANCE_PER_SECOND = 100
 class ControlAllowance:
     """The frames without data the peer may still send; spent and earned by the connection."""
 
-    __slots__ = ("since", "tokens")
+    __slots__ = ("enforced", "since", "tokens")
 
     def __init__(self) -> None:
         self.tokens = ALLOWANCE_START
         #: When time last added to it; set when the handshake completes.
         self.since: float | None = None
+        #: False: counted, never enforced (``Connection(enforce_allowance=False)``).
+        self.enforced = True
 
     def earn(self, amount: int) -> None:
         """This side did something a peer may answer with ``amount`` such frames."""
@@ -72,6 +74,8 @@ class ControlAllowance:
                 self.since = since + gained / ALLOWANCE_PER_SECOND
         if self.tokens < 0:
             self.tokens = 0  # a peer that answers the error is not failed twice
+            if not self.enforced:
+                return
             raise ExcessiveLoadError(
                 "the peer sent more frames without data (WINDOW, PING, PONG, RESET, GOAWAY, "
                 "MESSAGE, OPEN, empty DATA) than this side's traffic accounts for: "

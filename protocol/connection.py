@@ -90,6 +90,7 @@ class Connection:
         info: Mapping[str, Any] | None = None,
         versions: tuple[int, int] = (MIN_PROTOCOL_VERSION, MAX_PROTOCOL_VERSION),
         stream_kinds: Iterable[str] | None = None,
+        enforce_allowance: bool = True,
     ) -> None:
         self.side = side
         self.limits = limits or Limits()
@@ -138,6 +139,9 @@ class Connection:
         # The kinds of stream the peer may open; others are refused at once
         # (docs/protocol.md, "OPEN"). None takes every kind.
         self._stream_kinds = None if stream_kinds is None else frozenset(stream_kinds)
+        # Whether a peer spending past its allowance ends the connection
+        # (docs/protocol.md, "Frames without data").
+        self._outbox.allowance.enforced = enforce_allowance
         self._liveness = Liveness(self.keepalive)
         self._outbox.control.append((hello, hello_size))
 

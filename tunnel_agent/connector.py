@@ -281,6 +281,11 @@ class Agent:
                     kinds.INFO_CLUSTER: settings.cluster,
                     kinds.INFO_POD: socket.gethostname()[:64],
                 },
+                # The server is trusted with this cluster's availability (a
+                # compromised one could send real requests instead), and a
+                # caller's unusual requests (30 KiB heads, many at once) must
+                # not cut every caller off: the server enforces, the agent counts.
+                enforce_allowance=False,
             ),
             handlers=SessionHandlers(on_stream=self.on_stream, on_message=self._on_message),
             label=f"cluster={settings.cluster}",

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from protocol import Keepalive
+from protocol.allowance import ALLOWANCE_START
 from tunnel_agent.errors import AgentRejectedError, BootstrapRefusedError
 from tunnel_server.config import IdentitySettings
 
@@ -332,3 +333,25 @@ async def test_revoked_api_tokens_stop_working_at_once(server: RunningServer) ->
     status, answer = await server.api("DELETE", "/api/v1/users/alice/tokens")
     assert (status, answer["revoked"]) == (200, 1)
     assert (await server.api("GET", "/api/v1/whoami", token=rotated["token"]))[0] == 401
+
+
+async def test_the_agent_does_not_cut_the_server_off_for_spending_past_its_allowance(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    # Thrice what the agent would allow a peer it did not trust: the server
+    # enforces the allowance on agents, an agent only counts it.
+    token = await server.add_cluster("prod-eu")
+    async with running_agent(agent_settings(server, "prod-eu", token, tmp_path / "c")) as running:
+        await running.wait_connected()
+        # The server registers the agent just after the agent sees its HELLO.
+        await until(lambda: server.context.registry.get("prod-eu") is not None)
+        connection = server.context.registry.get("prod-eu")
+        assert connection is not None
+        session = connection.session
+        for _ in range(30):  # a thousand at a time, each round answered before the next
+            for _ in range(ALLOWANCE_START // 10):
+                session.connection.send_ping(0.0)
+            assert await asyncio.wait_for(session.ping(), 10.0) >= 0
+        assert session.is_open
+        assert running.agent.session is not None
+        assert running.agent.session.is_open

@@ -266,3 +266,14 @@ def test_ordinary_requests_are_paid_for_by_their_answers() -> None:
 
     assert not pair.client.closed
     assert pair.client.stats.streams_opened == 2 * ALLOWANCE_START
+
+
+def test_an_allowance_not_enforced_is_counted_and_never_ends_the_connection() -> None:
+    # The agent's side: it trusts the server with its availability.
+    agent = Connection(Side.CLIENT, enforce_allowance=False)
+    sent_frames(agent)
+    feed(agent, hello())
+
+    flood(agent, itertools.repeat(PingFrame(7)), 3 * ALLOWANCE_START)
+
+    assert not agent.closed
