@@ -6,7 +6,13 @@ server). It gives each stream an async reader/writer with backpressure. It
 depends on ``protocol`` and asyncio; the agent and the server both build on it.
 """
 
-from .errors import SessionClosedError, SessionError, SessionTimeoutError, StreamResetError
+from .errors import (
+    PeerProtocolError,
+    SessionClosedError,
+    SessionError,
+    SessionTimeoutError,
+    StreamResetError,
+)
 from .session import Session, SessionHandlers
 from .stream import MuxStream
 from .transport import MessageTransport, TransportClosed
@@ -15,6 +21,7 @@ from .websocket import WebSocketTransport
 __all__ = [
     "MessageTransport",
     "MuxStream",
+    "PeerProtocolError",
     "Session",
     "SessionClosedError",
     "SessionError",

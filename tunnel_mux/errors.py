@@ -3,7 +3,8 @@
 TunnelError                   (protocol.errors)
 └── SessionError
     ├── SessionClosedError    the session ended; its streams with it
-    │   └── SessionTimeoutError   the peer stopped answering (no PONG in time)
+    │   ├── SessionTimeoutError   the peer stopped answering (no PONG in time)
+    │   └── PeerProtocolError     the peer broke the protocol (code)
     └── StreamResetError      the stream was reset (code, reason, by whom)
 """
 
@@ -11,7 +12,13 @@ from __future__ import annotations
 
 from protocol.errors import TunnelError, describe_code
 
-__all__ = ["SessionClosedError", "SessionError", "SessionTimeoutError", "StreamResetError"]
+__all__ = [
+    "PeerProtocolError",
+    "SessionClosedError",
+    "SessionError",
+    "SessionTimeoutError",
+    "StreamResetError",
+]
 
 
 class SessionError(TunnelError):
@@ -24,6 +31,14 @@ class SessionClosedError(SessionError):
 
 class SessionTimeoutError(SessionClosedError):
     """The peer did not answer a PING in time: its link or its process is gone silent."""
+
+
+class PeerProtocolError(SessionClosedError):
+    """The peer broke the protocol, and this side ended the session (``code``: the GOAWAY's)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        self.code = code
+        super().__init__(message)
 
 
 class StreamResetError(SessionError):

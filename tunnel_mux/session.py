@@ -35,7 +35,7 @@ from protocol import (
 )
 from protocol.errors import describe_code
 
-from .errors import SessionClosedError, SessionError, StreamResetError
+from .errors import PeerProtocolError, SessionClosedError, SessionError, StreamResetError
 from .stream import MuxStream
 from .timer import SessionTimer
 from .transport import MessageTransport, TransportClosed
@@ -325,7 +325,7 @@ class Session:
                 events = connection.receive_data(message, self._clock())
             except RemoteProtocolError as exc:
                 logger.warning("%s: peer broke the protocol: %s", self.label, exc)
-                self._end(SessionClosedError(f"protocol error: {exc}"))
+                self._end(PeerProtocolError(exc.code, f"protocol error: {exc}"))
                 self._kick()
                 return
             for event in events:

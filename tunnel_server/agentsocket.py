@@ -18,9 +18,11 @@ from typing import Any
 from aiohttp import web
 
 from protocol import Connection, ErrorCode, Side, kinds
+from protocol.errors import describe_code
 from tunnel_cli.text import printable
 from tunnel_mux import (
     MuxStream,
+    PeerProtocolError,
     Session,
     SessionClosedError,
     SessionHandlers,
@@ -175,8 +177,11 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
     finally:
         context.registry.detach(agent)
         context.metrics.untrack(session)
-        if isinstance(session.close_error, SessionTimeoutError):
+        error = session.close_error
+        if isinstance(error, SessionTimeoutError):
             context.metrics.agent_timeouts.inc()
+        elif isinstance(error, PeerProtocolError):
+            context.metrics.agent_protocol_errors.labels(describe_code(error.code)).inc()
         await renewals.close()
         logger.info("agent disconnected: %s", printable(str(session.close_reason)), extra=log)
         await _record(context, agent, connected=False)

@@ -157,6 +157,13 @@ class ServerMetrics:
             "(the keepalive's, or one sent with new work): links gone dead.",
             registry=r,
         )
+        self.agent_protocol_errors = Counter(
+            "tunnel_server_agent_protocol_errors",
+            "Agent sessions this server ended because the agent broke the protocol, by the "
+            "GOAWAY's code (EXCESSIVE_LOAD: more frames without data than allowed).",
+            ["code"],
+            registry=r,
+        )
         self.clusters_connected = Gauge(
             "tunnel_server_clusters_connected", "Clusters whose agent is connected.", registry=r
         )

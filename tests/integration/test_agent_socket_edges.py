@@ -42,6 +42,7 @@ from ..protocol.pair import READ_ALL, of_type
 from ..support import until
 from .commands_support import command
 from .harness import RunningServer
+from .test_observability import server_metrics
 
 #: Bound on waiting for what should happen at once (a hang fails by name).
 PROMPTLY = 10.0
@@ -327,3 +328,5 @@ async def test_an_agent_flooding_frames_without_data_is_cut_off_and_no_other(
             assert server.context.registry.get("dev") is not None
             assert await asyncio.wait_for(other.ping(), PROMPTLY) >= 0
     assert any("frames without data" in record.getMessage() for record in caplog.records)
+    cut = ("tunnel_server_agent_protocol_errors_total", (("code", "EXCESSIVE_LOAD"),))
+    assert (await server_metrics(server))[cut] == 1
