@@ -103,3 +103,19 @@ async def test_a_refusal_kubectl_prints_itself_carries_no_warning(
         "(its agent is offline)" in result.stderr
     )
     assert "Warning:" not in result.stderr
+
+
+async def test_a_token_not_valid_is_said_plainly_on_the_first_run(
+    tunnel: Tunnel, fresh_home: Path
+) -> None:
+    kubeconfig = tunnel.settings_dir / "stale-token.yaml"
+    kubeconfig.write_text(
+        tunnel.kubectl.kubeconfig.read_text().replace(tunnel.alice_token, "tat_" + "0" * 43)
+    )
+
+    result = await Kubectl(kubeconfig, fresh_home, fresh_home).run("get", "pods")
+
+    assert result.returncode != 0
+    assert "error: You must be logged in to the server" in result.stderr
+    # client-go's own words in the error; the tunnel's in the Warning before it.
+    assert "Warning: the API token is not valid (unknown, expired or revoked)" in result.stderr
