@@ -71,30 +71,28 @@ def handle_frames(conn: Connection, frames: list[Frame], now: float, events: lis
             break  # a GOAWAY with an error ended it mid-message
         if type(frame) is DataFrame:
             _data(conn, frame, now, events)
-        elif conn.state is ConnectionState.HANDSHAKE:
+            continue
+        if conn.state is ConnectionState.HANDSHAKE:
             _in_handshake(conn, frame, now, events)
-        elif type(frame) is WindowFrame:
-            conn._outbox.allowance.spend(now)
+            continue
+        # Every frame but DATA carries nothing: see protocol/allowance.py.
+        conn._outbox.allowance.spend(now)
+        if type(frame) is WindowFrame:
             _window(conn, frame, events)
         elif type(frame) is OpenFrame:
-            _open(conn, frame, now, events)
+            _open(conn, frame, events)
         elif type(frame) is ResetFrame:
-            conn._outbox.allowance.spend(now)
             _reset(conn, frame, events)
         elif type(frame) is PingFrame:
-            conn._outbox.allowance.spend(now)
             control = conn._outbox.control
             if len(control) >= MAX_CONTROL_QUEUE:
                 raise ExcessiveLoadError("the peer sends PINGs faster than it reads")
             control.append((PongFrame(frame.opaque), 24))
         elif type(frame) is PongFrame:
-            conn._outbox.allowance.spend(now)
             _pong(conn, frame, now, events)
         elif type(frame) is MessageFrame:
-            conn._outbox.allowance.spend(now)
             _message(conn, frame, events)
         elif type(frame) is GoAwayFrame:
-            conn._outbox.allowance.spend(now)
             _goaway(conn, frame, events)
         else:
             raise MalformedFrameError("HELLO after the handshake")
@@ -179,7 +177,7 @@ def _data(conn: Connection, frame: DataFrame, now: float, events: list[Event]) -
                 conn._finish(stream, StreamState.CLOSED)
 
 
-def _open(conn: Connection, frame: OpenFrame, now: float, events: list[Event]) -> None:
+def _open(conn: Connection, frame: OpenFrame, events: list[Event]) -> None:
     stream_id = frame.stream_id
     if stream_id % 2 != conn._remote_parity:
         raise MalformedFrameError(f"the peer opened stream {stream_id}, an id of this side's")
@@ -191,9 +189,6 @@ def _open(conn: Connection, frame: OpenFrame, now: float, events: list[Event]) -
     conn._highest_remote_id = stream_id
     limits = conn.limits
     outbox = conn._outbox
-    # Accepted or refused: its stream costs this side work the peer's allowance
-    # pays for (the answer's DATA earns it back).
-    outbox.allowance.spend(now)
     if conn._goaway_sent is not None:
         outbox.queue_reset(
             stream_id, ErrorCode.REFUSED_STREAM, "this side is going away", peer_caused=True

@@ -208,12 +208,9 @@ def setup_agent_socket(app: web.Application) -> None:
 
 
 def _reports_of(context: ServerContext, cluster: str) -> Callable[[MuxStream], Awaitable[None]]:
-    """The handler of streams the agent opens: command reports only."""
+    """The handler of streams the agent opens: reports, the one kind its connection takes."""
 
     async def on_stream(stream: MuxStream) -> None:
-        if stream.kind != kinds.STREAM_COMMAND_REPORT:
-            stream.reset(ErrorCode.REFUSED_STREAM, f"the server takes no {stream.kind} streams")
-            return
         await context.commands.handle_report(cluster, stream)
 
     return on_stream
