@@ -268,12 +268,17 @@ async def _start_locked(settings: ServerSettings, lock: StateLock) -> tuple[web.
         settings.listen.port,
         ssl_context,
         limit=settings.tunnel.max_tls_handshakes,
+        handshake_timeout=settings.tunnel.tls_handshake_timeout,
+        held=settings.tunnel.max_tls_held,
+        grace=settings.tunnel.tls_handshake_grace,
     )
     app[LISTENER] = listener  # before setup: a started app's state is frozen
     app[FRONT_DOORS] = doors
     app[STATE_LOCK] = lock
     await runner.setup()
     app[CONTEXT].metrics.watch_callers(doors.callers)  # made by the set-up
+    app[CONTEXT].metrics.watch_handshakes(listener.admission)
+    listener.observe_handshake = app[CONTEXT].metrics.tls_handshake_seconds.observe
     try:
         port = await listener.start()
     except OSError as exc:

@@ -11,6 +11,7 @@ from protocol import Keepalive, Limits
 
 from .callerlimit import DEFAULT_MAX_CALLER_CONNECTIONS
 from .errors import ConfigError
+from .handshakes import DEFAULT_GRACE, DEFAULT_HANDSHAKES, DEFAULT_HELD
 
 __all__ = [
     "CommandSettings",
@@ -86,8 +87,15 @@ class TunnelSettings:
     shutdown_grace: float = 30.0
     #: How long a replaced agent's open streams may finish.
     replace_grace: float = 10.0
-    #: TLS handshakes in progress at once; the listen queue holds the rest.
-    max_tls_handshakes: int = 64
+    #: TLS handshakes in progress at once (tunnel_server/handshakes.py).
+    max_tls_handshakes: int = DEFAULT_HANDSHAKES
+    #: Connections accepted whose handshake has not started (waiting for their
+    #: ClientHello or a slot); past it, the oldest of the busiest address goes.
+    max_tls_held: int = DEFAULT_HELD
+    #: Seconds a handshake runs before it may be abandoned for another address's.
+    tls_handshake_grace: float = DEFAULT_GRACE
+    #: Seconds from accept by which a connection's handshake must be done.
+    tls_handshake_timeout: float = 10.0
     #: Bytes asyncio reads from a TLS socket at once. CPython's default of 256 KiB
     #: is allocated per connection and dominates an idle agent's cost
     #: (docs/benchmarks.md, "Idle agents"); 64 KiB is four TLS records. Only for

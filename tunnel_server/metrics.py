@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import (
@@ -24,8 +25,15 @@ from tunnel_mux import Session
 from tunnel_mux.metrics import SessionCollector
 
 from .callerlimit import CallerConnections
+from .handshakes import HandshakeAdmission
 
-__all__ = ["KNOWN_VERBS", "CallerConnectionCollector", "ProxyRequestCollector", "ServerMetrics"]
+__all__ = [
+    "KNOWN_VERBS",
+    "CallerConnectionCollector",
+    "HandshakeCollector",
+    "ProxyRequestCollector",
+    "ServerMetrics",
+]
 
 KNOWN_VERBS = frozenset(
     {
@@ -132,6 +140,45 @@ class CallerConnectionCollector(Collector):
         )
 
 
+class HandshakeCollector(Collector):
+    """Connections before and in their TLS handshake, and those let go on the way."""
+
+    def __init__(self, admission: HandshakeAdmission[Any]) -> None:
+        self._admission = admission
+
+    def collect(self) -> Iterator[Metric]:
+        admission = self._admission
+        yield GaugeMetricFamily(
+            "tunnel_server_tls_handshakes",
+            "TLS handshakes in progress.",
+            value=admission.in_progress,
+        )
+        yield GaugeMetricFamily(
+            "tunnel_server_tls_handshakes_limit",
+            "The most TLS handshakes in progress at once.",
+            value=admission.handshakes,
+        )
+        waiting = GaugeMetricFamily(
+            "tunnel_server_tls_connections_waiting",
+            "Connections accepted whose TLS handshake has not started, by what they wait for.",
+            labels=["for"],
+        )
+        waiting.add_metric(["client_hello"], admission.waiting)
+        waiting.add_metric(["slot"], admission.queued)
+        yield waiting
+        dropped = CounterMetricFamily(
+            "tunnel_server_tls_connections_dropped",
+            "Connections closed before their TLS handshake was done, by why: no ClientHello "
+            "or slot by the deadline, room made for another, a stalled handshake abandoned "
+            "for another address's.",
+            labels=["reason"],
+        )
+        dropped.add_metric(["timeout"], admission.timed_out)
+        dropped.add_metric(["room"], admission.closed_for_room)
+        dropped.add_metric(["abandoned"], admission.abandoned)
+        yield dropped
+
+
 class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -162,6 +209,13 @@ class ServerMetrics:
             "Agent sessions this server ended because the agent broke the protocol, by the "
             "GOAWAY's code (EXCESSIVE_LOAD: more frames without data than allowed).",
             ["code"],
+            registry=r,
+        )
+        self.tls_handshake_seconds = Histogram(
+            "tunnel_server_tls_handshake_seconds",
+            "TLS handshakes done, from the slot taken to the handshake's end: against the "
+            "grace after which one may be abandoned for another address's connection (2 s).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0),
             registry=r,
         )
         self.clusters_connected = Gauge(
@@ -213,6 +267,10 @@ class ServerMetrics:
     def watch_callers(self, callers: CallerConnections) -> None:
         """Report ``callers``' connections (the front doors are made after the metrics)."""
         self.registry.register(CallerConnectionCollector(callers))
+
+    def watch_handshakes(self, admission: HandshakeAdmission[Any]) -> None:
+        """Report the TLS listener's admission (made with the listener, after the metrics)."""
+        self.registry.register(HandshakeCollector(admission))
 
     def observe_proxy(self, verb: str, code: int, seconds: float) -> None:
         self.proxies.observe(verb, code, seconds)

@@ -1,57 +1,134 @@
-"""The TLS listener bounds handshakes in progress and drops silent clients."""
+"""The TLS listener bounds handshakes in progress, and no client or address can hold them."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, cast
 
 from tunnel_pki.ca import CertificateAuthority
 from tunnel_pki.tls import client_context, server_context
 from tunnel_server.listener import BoundedTlsListener
 
+from ..slow_clients import close_all, closed_by_server, raw_connection, stalled_after_client_hello
+from ..support import until
+
 
 class Echo(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
 
     def data_received(self, data: bytes) -> None:
         self.transport.write(data)
 
 
-async def test_a_silent_client_cannot_hold_the_only_handshake_slot(tmp_path: Path) -> None:
+def listening(**options: Any) -> tuple[BoundedTlsListener, CertificateAuthority]:
     ca = CertificateAuthority.create()
     issued = ca.issue_server_certificate(["127.0.0.1"], lifetime=timedelta(days=1))
     assert issued.key_pem is not None
-    listener = BoundedTlsListener(
-        Echo,
-        "127.0.0.1",
-        0,
-        server_context(issued.cert_pem, issued.key_pem, ca.cert_pem),
-        limit=1,
-        handshake_timeout=0.5,
+    context = server_context(issued.cert_pem, issued.key_pem, ca.cert_pem)
+    return BoundedTlsListener(Echo, "127.0.0.1", 0, context, **options), ca
+
+
+async def echoes(port: int, ca: CertificateAuthority, **options: Any) -> None:
+    """A real TLS client from 127.0.0.1 gets its handshake done and its bytes echoed."""
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(
+            "127.0.0.1",
+            port,
+            ssl=client_context(ca.cert_pem),
+            server_hostname="127.0.0.1",
+            **options,
+        ),
+        timeout=20,
     )
+    writer.write(b"ping")
+    assert await asyncio.wait_for(reader.readexactly(4), 20) == b"ping"
+    writer.close()
+    await writer.wait_closed()
+
+
+async def test_silent_and_trickling_clients_hold_no_handshake_slot() -> None:
+    listener, ca = listening(limit=1, handshake_timeout=60)
     port = await listener.start()
     try:
-        # Takes the one slot and never speaks TLS.
-        silent_reader, silent_writer = await asyncio.open_connection("127.0.0.1", port)
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
-                "127.0.0.1", port, ssl=client_context(ca.cert_pem), server_hostname="127.0.0.1"
-            ),
-            timeout=10,
-        )
-        writer.write(b"ping")
-        assert await asyncio.wait_for(reader.readexactly(4), 10) == b"ping"
-        # The silent client was dropped when its handshake timed out.
-        assert await asyncio.wait_for(silent_reader.read(), 10) == b""
-        writer.close()
-        silent_writer.close()
-        await writer.wait_closed()
-        await silent_writer.wait_closed()
+        silent = [await raw_connection(port) for _ in range(3)]
+        trickling = [await raw_connection(port) for _ in range(3)]
+        for _, writer in trickling[:2]:
+            writer.write(b"\x16\x03\x01")  # part of a record's header
+        # A whole header announcing a 300-byte ClientHello, and 10 bytes of it.
+        trickling[2][1].write(b"\x16\x03\x01\x01\x2c" + bytes(10))
+        await until(lambda: listener.admission.waiting == 6)
+        assert listener.admission.in_progress == 0
+        await echoes(port, ca)
+        assert listener.admission.waiting == 6
+        await close_all(*silent, *trickling)
     finally:
         await listener.stop()
+
+
+async def test_a_client_silent_past_the_deadline_is_closed() -> None:
+    listener, _ = listening(limit=1, handshake_timeout=0.3)
+    port = await listener.start()
+    try:
+        silent = await raw_connection(port)
+        assert await closed_by_server(silent)
+        assert listener.admission.timed_out == 1
+        assert listener.admission.waiting == 0
+        await close_all(silent)
+    finally:
+        await listener.stop()
+
+
+async def test_a_stalled_handshake_is_abandoned_for_another_address() -> None:
+    listener, ca = listening(limit=2, handshake_timeout=60, grace=0.2)
+    durations: list[float] = []
+    listener.observe_handshake = durations.append
+    port = await listener.start()
+    try:
+        stalled = [
+            await stalled_after_client_hello(port, ca.cert_pem, "127.0.0.2") for _ in range(2)
+        ]
+        await until(lambda: listener.admission.in_progress == 2)
+        await echoes(port, ca)
+        assert listener.admission.abandoned == 1
+        assert await closed_by_server(stalled[0])
+        assert len(durations) == 1  # the handshake done; not the one abandoned
+        await close_all(*stalled)
+    finally:
+        await listener.stop()
+
+
+async def test_past_the_bound_the_flooding_address_loses_its_own_oldest() -> None:
+    listener, ca = listening(limit=1, held=3, handshake_timeout=60)
+    port = await listener.start()
+    try:
+        bystander = await raw_connection(port, "127.0.0.1")
+        await until(lambda: listener.admission.waiting == 1)
+        flood = [await raw_connection(port, "127.0.0.2") for _ in range(3)]
+        assert await closed_by_server(flood[0])
+        assert listener.admission.closed_for_room == 1
+        # The bystander's connection is still there: it speaks TLS now.
+        reader, writer = bystander
+        await asyncio.wait_for(
+            writer.start_tls(client_context(ca.cert_pem), server_hostname="127.0.0.1"), 20
+        )
+        writer.write(b"ping")
+        assert await asyncio.wait_for(reader.readexactly(4), 20) == b"ping"
+        await close_all(bystander, *flood)
+    finally:
+        await listener.stop()
+
+
+async def test_stop_closes_connections_waiting_for_their_client_hello() -> None:
+    listener, _ = listening(limit=1, handshake_timeout=60)
+    port = await listener.start()
+    silent = await raw_connection(port)
+    await until(lambda: listener.admission.waiting == 1)
+    await listener.stop()
+    assert await closed_by_server(silent)
+    await close_all(silent)
 
 
 async def test_many_clients_all_get_through_a_small_bound(tmp_path: Path) -> None:
