@@ -152,6 +152,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(
         serve,
+        "--tls-handshake-timeout",
+        env + "TLS_HANDSHAKE_TIMEOUT",
+        default="10s",
+        help="close a connection whose TLS handshake is not done this long after its accept",
+    )
+    env_flag(
+        serve,
+        "--tls-handshake-grace",
+        env + "TLS_HANDSHAKE_GRACE",
+        default="2s",
+        help="when every handshake slot is taken, one running this long may be abandoned for "
+        "a connection from an address that holds fewer",
+    )
+    env_flag(
+        serve,
         "--max-pending-commands",
         env + "MAX_PENDING_COMMANDS",
         default=str(CommandSettings.__dataclass_fields__["max_pending"].default),
@@ -222,6 +237,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             max_caller_connections=_positive(
                 args.max_caller_connections, "--max-caller-connections"
             ),
+            tls_handshake_timeout=_seconds(args.tls_handshake_timeout, "--tls-handshake-timeout"),
+            tls_handshake_grace=_seconds(args.tls_handshake_grace, "--tls-handshake-grace"),
         ),
         commands=CommandSettings(
             max_pending=_positive(args.max_pending_commands, "--max-pending-commands"),
@@ -255,6 +272,14 @@ def _retention(value: str, flag: str) -> timedelta:
             " (it is how long records are kept before they are deleted)"
         )
     return retention
+
+
+def _seconds(value: str, flag: str) -> float:
+    """A flag's duration in seconds, more than none."""
+    seconds = parse_duration(value).total_seconds()
+    if seconds <= 0:
+        raise ConfigError(f"{flag} must be longer than 0s, not {value}")
+    return seconds
 
 
 def _positive(value: str, flag: str) -> int:

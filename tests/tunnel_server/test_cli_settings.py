@@ -186,6 +186,24 @@ SERVER_FLAGS = [
         10,
     ),
     FlagCase(
+        "--tls-handshake-timeout",
+        "TUNNEL_SERVER_TLS_HANDSHAKE_TIMEOUT",
+        "30s",
+        "5s",
+        lambda a, s: s.tunnel.tls_handshake_timeout,
+        30.0,
+        5.0,
+    ),
+    FlagCase(
+        "--tls-handshake-grace",
+        "TUNNEL_SERVER_TLS_HANDSHAKE_GRACE",
+        "5s",
+        "500ms",
+        lambda a, s: s.tunnel.tls_handshake_grace,
+        5.0,
+        0.5,
+    ),
+    FlagCase(
         "--max-pending-commands",
         "TUNNEL_SERVER_MAX_PENDING_COMMANDS",
         "500",
@@ -350,6 +368,8 @@ def test_tls_cert_and_key_go_together(flag: str) -> None:
         "--audit-retention",
         "--command-retention",
         "--agent-return-grace",
+        "--tls-handshake-timeout",
+        "--tls-handshake-grace",
     ],
 )
 def test_server_bad_duration_is_refused_with_examples(flag: str) -> None:
@@ -386,3 +406,9 @@ def test_a_duration_too_long_or_not_in_ascii_digits_is_refused(value: str) -> No
 def test_counts_must_be_positive_whole_numbers(flag: str, value: str) -> None:
     with pytest.raises(ConfigError, match=f"{flag} must be a whole number"):
         server_settings(flag, value)
+
+
+@pytest.mark.parametrize("flag", ["--tls-handshake-timeout", "--tls-handshake-grace"])
+def test_a_handshake_duration_of_nothing_is_refused(flag: str) -> None:
+    with pytest.raises(ConfigError, match=f"{flag} must be longer than 0s, not 0s"):
+        server_settings(flag, "0s")
