@@ -32,6 +32,7 @@ from .errors import (
     TooManyRequestsError,
     UnavailableError,
 )
+from .fdlimit import raise_file_limit
 from .frontdoor import LINGER_SECONDS, FrontDoor, FrontDoors
 from .kubeproxy import setup_kube_proxy
 from .listener import BoundedTlsListener
@@ -312,6 +313,8 @@ async def stop_server(runner: web.AppRunner) -> None:
 
 async def run_server(settings: ServerSettings) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully."""
+    tunnel = settings.tunnel
+    raise_file_limit(tunnel.max_caller_connections + tunnel.max_tls_held)
     runner, _ = await start_server(settings)
     freeze_startup_objects()
     stop = asyncio.Event()
