@@ -13,23 +13,27 @@ address can crowd the others out (docs/security.md, "Parsing what callers
 and agents send"):
 
 - a connection waits for its whole ClientHello before it is queued for a slot
-  (the listener has the kernel wake it only then, with ``SO_RCVLOWAT``): a
-  silent or trickling client holds a file descriptor and no slot, until the
-  handshake deadline closes it;
-- at most ``held`` connections wait so or are queued; past that, the oldest
-  of the source address holding the most is closed (one still waiting for its
-  ClientHello before one queued);
+  (the listener has the kernel wake it only then, with ``SO_RCVLOWAT``, and
+  closes at once what is no ClientHello): a silent or trickling client holds
+  a file descriptor and no slot, until the handshake deadline closes it;
+- at most ``held`` connections wait so or are queued; past that, or when the
+  process runs out of file descriptors, the oldest of the source address
+  holding the most is closed (one still waiting for its ClientHello before
+  one queued);
 - queued connections take free slots in turn by source address, so one
   address's thousand connections do not keep another's one behind them;
-- when every slot is taken, a handshake in progress for more than ``grace``
-  is abandoned for a queued connection whose address holds fewer slots than
-  the handshake's. The server's part of a handshake takes milliseconds, so a
-  handshake that long is waiting on its client.
+- when every slot is taken, the oldest handshake of the addresses holding the
+  most slots is abandoned, once in progress for more than ``grace``, for a
+  queued connection whose address holds fewer. The server's part of a
+  handshake takes milliseconds, so a handshake that long is waiting on its
+  client.
 
-A source address is an IPv4 address or an IPv6 /64 (one site's, commonly).
-Behind a load balancer that hides callers' addresses, every caller shares the
-balancer's and only the first two hold: the balancer's own limits per address
-are the defence there.
+A source address is an IPv4 address or an IPv6 /48: a /64 is a single
+network and sites get /56 or /48 prefixes (RFC 6177), free from tunnel
+brokers, so counting /64s would give one site hundreds of turns. Behind a load
+balancer that hides callers' addresses, every caller shares the balancer's
+and only the first two points hold: the balancer's own limits per address are
+the defence there.
 
 This module is the policy alone; :mod:`tunnel_server.listener` does the I/O.
 """
@@ -63,8 +67,12 @@ DEFAULT_GRACE = 2.0
 C = TypeVar("C", bound=Hashable)
 
 
+#: The IPv6 prefix one source is counted under (see above).
+IPV6_SOURCE_PREFIX = 48
+
+
 def source_of(host: str) -> str:
-    """The source address ``host`` is counted under: IPv4 as is, IPv6 by /64."""
+    """The source address ``host`` is counted under: IPv4 as is, IPv6 by /48."""
     try:
         address = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
@@ -72,7 +80,7 @@ def source_of(host: str) -> str:
     if isinstance(address, ipaddress.IPv6Address):
         if address.ipv4_mapped is not None:
             return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network((address, 64), strict=False))
+        return str(ipaddress.IPv6Network((address, IPV6_SOURCE_PREFIX), strict=False))
     return str(address)
 
 
@@ -107,6 +115,10 @@ class _Tally:
         """A source holding the most (the first to reach that count), or None."""
         bucket = self._by_count.get(self._top)
         return next(iter(bucket)) if bucket else None
+
+    def all_heaviest(self) -> list[str]:
+        """Every source holding the most."""
+        return list(self._by_count.get(self._top, ()))
 
     def _move(self, source: str, step: int) -> None:
         old = self._counts.get(source, 0)
@@ -170,6 +182,7 @@ class HandshakeAdmission(Generic[C]):
         self.in_progress = 0
         self.closed_for_room = 0
         self.timed_out = 0
+        self.not_tls = 0
         self.abandoned = 0
 
     def accepted(self, connection: C, host: str) -> C | None:
@@ -185,8 +198,13 @@ class HandshakeAdmission(Generic[C]):
         self.waiting += 1
         if self.waiting + self.queued <= self.held_limit:
             return None
+        return self.make_room()
+
+    def make_room(self) -> C | None:
+        """Let go of the oldest connection of the source holding the most, if any."""
         heaviest = self._held.heaviest()
-        assert heaviest is not None
+        if heaviest is None:
+            return None
         entry = self._sources[heaviest]
         victim = next(iter(entry.waiting or entry.queued))
         self._forget(victim)
@@ -206,13 +224,17 @@ class HandshakeAdmission(Generic[C]):
             self.queued += 1
             self._turns.setdefault(source, None)
 
-    def gone(self, connection: C, *, timed_out: bool = False) -> None:
-        """``connection`` closed before its handshake started (its deadline, its client)."""
+    def gone(self, connection: C, *, timed_out: bool = False, not_tls: bool = False) -> None:
+        """``connection`` closed before its handshake started.
+
+        By its client, the listener's stop, its deadline (``timed_out``), or
+        because what it sent is no ClientHello (``not_tls``).
+        """
         source = self._source_of.get(connection)
         if source is not None and connection not in self._sources[source].shaking:
             self._forget(connection)
-            if timed_out:
-                self.timed_out += 1
+            self.timed_out += timed_out
+            self.not_tls += not_tls
 
     def finished(self, connection: C) -> None:
         """``connection``'s handshake ended, done or failed (a no-op once abandoned)."""
@@ -235,16 +257,19 @@ class HandshakeAdmission(Generic[C]):
             if self.in_progress < self.handshakes:
                 start.append(self._start(next(iter(self._turns)), now))
                 continue
-            heaviest = self._shaking.heaviest()
-            assert heaviest is not None
-            most = self._shaking[heaviest]
+            heaviest = self._shaking.all_heaviest()
+            most = self._shaking[heaviest[0]]
             # The first in turn holding fewer: at most a slot's worth of sources hold as many.
             contender = next(
                 (source for source in self._turns if self._shaking[source] < most), None
             )
             if contender is None:
                 break
-            victim, started = next(iter(self._sources[heaviest].shaking.items()))
+            # The oldest of the heaviest (a slot's worth of sources at most).
+            victim, started = min(
+                (next(iter(self._sources[source].shaking.items())) for source in heaviest),
+                key=lambda handshake: handshake[1],
+            )
             if now - started < self.grace:
                 recheck_at = started + self.grace
                 break

@@ -6,49 +6,97 @@ none finishes for seconds and then hundreds do at once (docs/benchmarks.md,
 "Idle agents"). This listener runs at most ``limit`` handshakes at once.
 Which connections take those slots, and which are let go, is
 :mod:`tunnel_server.handshakes`' policy; this module does the I/O: it accepts
-every connection, has the kernel wake it when the connection's first TLS
-record (the ClientHello) is whole, starts and abandons handshakes as the policy
-says, and closes a connection whose handshake is not done by its deadline.
+every connection, has the kernel wake it when the connection's ClientHello
+is whole (:mod:`tunnel_server.clienthello`), starts and abandons handshakes
+as the policy says, and closes a connection whose handshake is not done by
+its deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import functools
 import logging
 import socket
 import ssl
 from collections.abc import Callable
 from typing import Any
 
+from .clienthello import RECORD_HEADER, client_hello_needs
 from .handshakes import DEFAULT_GRACE, DEFAULT_HELD, HandshakeAdmission
 
 __all__ = ["BoundedTlsListener"]
 
 logger = logging.getLogger(__name__)
 
-#: A TLS record's header: content type, version, length (RFC 8446, 5.1).
-_RECORD_HEADER = 5
-_HANDSHAKE_RECORD = 22
-#: The largest record a ClientHello may come in (2^14 bytes of plaintext).
-_MAX_RECORD = 2**14
+#: Bytes looked at on a connection's first wake: one whole record, commonly
+#: the whole ClientHello.
+_FIRST_LOOK = RECORD_HEADER + 2**14
+#: The least of its deadline a connection keeps for its handshake itself: one
+#: still waiting for its ClientHello or a slot this close to it is closed.
+_LEAST_HANDSHAKE_TIME = 1.0
+#: Accepts in a row before the accept loop lets the others run (asyncio's
+#: loop returns an accept that is ready without a turn of the loop).
+_ACCEPTS_PER_TURN = 64
+#: Seconds between two warnings that connections cannot be accepted.
+_ACCEPT_WARNING_INTERVAL = 60.0
 
 
 class _Pending:
     """An accepted connection, from its accept until its handshake ends."""
 
-    __slots__ = ("deadline", "expiry", "needed", "sock", "started", "task")
+    __slots__ = ("deadline", "done", "expiry", "made", "needed", "sock", "started", "task")
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock = sock
         #: When its handshake must be done (the loop's clock).
         self.deadline = deadline
         self.expiry: asyncio.TimerHandle | None = None
-        #: Bytes of the ClientHello's record the kernel is to wait for.
-        self.needed = _RECORD_HEADER
+        #: Bytes of the ClientHello the kernel is to wait for.
+        self.needed = RECORD_HEADER
         self.task: asyncio.Task[object] | None = None
         #: When its handshake started.
         self.started = 0.0
+        #: Its protocol was made: the loop owns the socket now.
+        self.made = False
+        #: Its handshake is done.
+        self.done = False
+
+
+class _Handshaking(asyncio.Protocol):
+    """Stands for the served protocol until the handshake is done, then steps aside.
+
+    The handshake's task resumes a turn of the loop after the handshake is
+    done; this tells the listener at once, so that the slot is not abandoned
+    in between, and hands the transport to the served protocol, so that it
+    costs nothing after.
+    """
+
+    def __init__(self, inner: asyncio.Protocol, done: Callable[[], None]) -> None:
+        self._inner = inner
+        self._done = done
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.set_protocol(self._inner)
+        self._done()
+        self._inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
 
 
 class BoundedTlsListener:
@@ -80,6 +128,7 @@ class BoundedTlsListener:
         self._pending: set[_Pending] = set()
         self._recheck: asyncio.TimerHandle | None = None
         self._stopped = False
+        self._quiet_until = 0.0
         #: Told each handshake done, and how many seconds it took from its start.
         self.observe_handshake: Callable[[float], None] | None = None
 
@@ -103,6 +152,7 @@ class BoundedTlsListener:
         tasks: list[asyncio.Task[Any]] = [self._accepting] if self._accepting else []
         for pending in list(self._pending):
             if pending.task is None:
+                self.admission.gone(pending)
                 self._close(pending)
             else:
                 tasks.append(pending.task)
@@ -116,14 +166,29 @@ class BoundedTlsListener:
     async def _accept_forever(self) -> None:
         assert self._socket is not None
         loop = asyncio.get_running_loop()
+        accepted = 0
         while True:
             try:
                 connection, address = await loop.sock_accept(self._socket)
-            except OSError as exc:  # e.g. EMFILE: back off a moment, keep serving
-                logger.warning("cannot accept a connection: %s", exc)
-                await asyncio.sleep(0.1)
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    # Out of file descriptors: the busiest address gives one back.
+                    victim = self.admission.make_room()
+                    if victim is not None:
+                        self._close(victim)
+                        continue
+                self._warn_cannot_accept(loop, exc)
+                await asyncio.sleep(0.1)  # back off a moment, keep serving
                 continue
             self._accepted(loop, connection, address[0])
+            accepted += 1
+            if accepted % _ACCEPTS_PER_TURN == 0:
+                await asyncio.sleep(0)
+
+    def _warn_cannot_accept(self, loop: asyncio.AbstractEventLoop, exc: OSError) -> None:
+        if loop.time() >= self._quiet_until:
+            self._quiet_until = loop.time() + _ACCEPT_WARNING_INTERVAL
+            logger.warning("cannot accept a connection: %s", exc)
 
     def _accepted(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, host: str) -> None:
         pending = _Pending(sock, loop.time() + self._handshake_timeout)
@@ -135,32 +200,39 @@ class BoundedTlsListener:
             return
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, _RECORD_HEADER)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, pending.needed)
         except OSError:  # reset already
             self._drop(pending)
             return
-        pending.expiry = loop.call_at(pending.deadline, self._expired, pending)
+        start_by = pending.deadline - min(_LEAST_HANDSHAKE_TIME, self._handshake_timeout / 2)
+        pending.expiry = loop.call_at(start_by, self._expired, pending)
         loop.add_reader(sock.fileno(), self._readable, pending)
-        self._pump()
 
     def _readable(self, pending: _Pending) -> None:
         """The kernel holds ``pending.needed`` bytes, or the client closed or reset."""
+        sock = pending.sock
         try:
-            head = pending.sock.recv(_RECORD_HEADER + _MAX_RECORD, socket.MSG_PEEK)
+            head = sock.recv(max(pending.needed, _FIRST_LOOK), socket.MSG_PEEK)
             if not head:
                 self._drop(pending)
                 return
-            if pending.needed == _RECORD_HEADER:
-                needed = _whole_hello_needs(head)
-                if needed > len(head) >= _RECORD_HEADER:
-                    pending.needed = needed
-                    pending.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, needed)
-                    return  # woken again when the rest is in (or at the client's end)
-            # The whole ClientHello record; or fewer bytes than asked for,
-            # which the kernel reports only at the client's end of data (or
-            # under memory pressure); or not TLS. The handshake tells which.
-            asyncio.get_running_loop().remove_reader(pending.sock.fileno())
-            pending.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+            needed = client_hello_needs(head)
+            if needed is None:
+                self.admission.gone(pending, not_tls=True)
+                self._close(pending)
+                return
+            if needed > len(head) >= pending.needed:
+                # Part of it: wait for the rest (more than this time, so never a spin).
+                pending.needed = needed
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, pending.needed)
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                    self._drop(pending)  # reset: uvloop would not wake us again
+                return
+            # The whole ClientHello; or fewer bytes than asked for, which the
+            # kernel reports only at the client's end of data (or under memory
+            # pressure): the handshake tells which, at once.
+            asyncio.get_running_loop().remove_reader(sock.fileno())
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
         except BlockingIOError:
             return
         except OSError:  # reset
@@ -170,7 +242,7 @@ class BoundedTlsListener:
         self._pump()
 
     def _expired(self, pending: _Pending) -> None:
-        """No handshake started by the deadline: the client is too slow, or too many wait."""
+        """No handshake started in time: the client is too slow, or too many wait."""
         pending.expiry = None
         self.admission.gone(pending, timed_out=True)
         self._close(pending)
@@ -213,7 +285,7 @@ class BoundedTlsListener:
             pending.expiry = None
         task: asyncio.Task[object] = asyncio.create_task(
             loop.connect_accepted_socket(
-                self._factory,
+                functools.partial(self._protocol, pending),
                 pending.sock,
                 ssl=self._ssl,
                 ssl_handshake_timeout=max(pending.deadline - loop.time(), 0.001),
@@ -221,26 +293,31 @@ class BoundedTlsListener:
         )
         pending.task = task
         pending.started = loop.time()
-        task.add_done_callback(lambda done: self._finished(done, pending))
+        task.add_done_callback(functools.partial(self._ended, pending))
 
-    def _finished(self, task: asyncio.Task[object], pending: _Pending) -> None:
+    def _protocol(self, pending: _Pending) -> asyncio.Protocol:
+        pending.made = True
+        return _Handshaking(self._factory(), functools.partial(self._done, pending))
+
+    def _done(self, pending: _Pending) -> None:
+        """``pending``'s handshake is done: its slot is free."""
+        pending.done = True
         self._pending.discard(pending)
         self.admission.finished(pending)
-        # A failed handshake (bad certificate, timeout, probe) has closed its
-        # socket; there is nothing else to do with it.
-        done = not task.cancelled() and task.exception() is None
-        if done and self.observe_handshake is not None:
+        if self.observe_handshake is not None:
             self.observe_handshake(asyncio.get_running_loop().time() - pending.started)
         self._pump()
 
-
-def _whole_hello_needs(head: bytes) -> int:
-    """The bytes up to the end of the first record, whose header ``head`` starts with.
-
-    Just the header's five when it is not a TLS handshake record of a valid
-    length: the handshake then fails at once, with an alert.
-    """
-    if len(head) < _RECORD_HEADER or head[0] != _HANDSHAKE_RECORD:
-        return _RECORD_HEADER
-    length = int.from_bytes(head[3:5], "big")
-    return _RECORD_HEADER + length if 0 < length <= _MAX_RECORD else _RECORD_HEADER
+    def _ended(self, pending: _Pending, task: asyncio.Task[object]) -> None:
+        """``pending``'s handshake task ended: done, failed or abandoned."""
+        if not task.cancelled():
+            # A failed handshake (bad certificate, timeout, probe) has closed
+            # its socket; there is nothing else to do with it.
+            task.exception()
+        if pending.done:
+            return
+        if not pending.made:  # abandoned before its protocol was made: the socket is ours
+            pending.sock.close()
+        self._pending.discard(pending)
+        self.admission.finished(pending)
+        self._pump()

@@ -169,11 +169,12 @@ class HandshakeCollector(Collector):
         dropped = CounterMetricFamily(
             "tunnel_server_tls_connections_dropped",
             "Connections closed before their TLS handshake was done, by why: no ClientHello "
-            "or slot by the deadline, room made for another, a stalled handshake abandoned "
-            "for another address's.",
+            "or slot by the deadline, first bytes that are no ClientHello, room made for "
+            "another, a stalled handshake abandoned for another address's.",
             labels=["reason"],
         )
         dropped.add_metric(["timeout"], admission.timed_out)
+        dropped.add_metric(["not_tls"], admission.not_tls)
         dropped.add_metric(["room"], admission.closed_for_room)
         dropped.add_metric(["abandoned"], admission.abandoned)
         yield dropped

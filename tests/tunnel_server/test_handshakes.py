@@ -23,13 +23,14 @@ def admitted(
             admission.ready(name)
 
 
-def test_a_source_is_an_ipv4_address_or_an_ipv6_64() -> None:
+def test_a_source_is_an_ipv4_address_or_an_ipv6_48() -> None:
     assert source_of("192.0.2.7") == "192.0.2.7"
-    assert source_of("2001:db8:1:2:aaaa::1") == source_of("2001:db8:1:2:bbbb::9")
-    assert source_of("2001:db8:1:2::1") == "2001:db8:1:2::/64"
-    assert source_of("2001:db8:1:3::1") != source_of("2001:db8:1:2::1")
+    # A site's /48 is one source, however many /64s it holds.
+    assert source_of("2001:db8:1:2::1") == "2001:db8:1::/48"
+    assert source_of("2001:db8:1:ff00::9") == "2001:db8:1::/48"
+    assert source_of("2001:db8:2::1") != source_of("2001:db8:1::1")
     assert source_of("::ffff:192.0.2.7") == "192.0.2.7"
-    assert source_of("fe80::1%eth0") == "fe80::/64"
+    assert source_of("fe80::1%eth0") == "fe80::/48"
     assert source_of("not an address") == "not an address"
 
 
@@ -116,6 +117,27 @@ def test_a_source_holding_no_slot_is_not_kept_behind_ones_that_hold_some() -> No
     # now, takes B's; B waits until C's handshake has had its grace.
     assert admission.schedule(5.0) == Schedule(["c1", "a2"], ["a1", "b1"], 6.0)
     assert admission.schedule(6.0) == Schedule(["b2"], ["c1"], None)
+
+
+def test_the_oldest_of_the_addresses_holding_the_most_is_abandoned() -> None:
+    admission: HandshakeAdmission[str] = HandshakeAdmission(handshakes=4, grace=2.0)
+    for name, host, now in [("b1", B, 0.0), ("a1", A, 1.0), ("a2", A, 1.5), ("b2", B, 1.6)]:
+        admitted(admission, (name, host))
+        admission.schedule(now)
+    admitted(admission, ("c1", C))
+    # A reached two slots first, but B's b1 is the one past its grace.
+    assert admission.schedule(2.0) == Schedule(["c1"], ["b1"], None)
+
+
+def test_out_of_room_the_busiest_address_gives_one_back() -> None:
+    admission: HandshakeAdmission[str] = HandshakeAdmission(handshakes=1)
+    assert admission.make_room() is None
+    admitted(admission, ("b1", B), ready=False)
+    admitted(admission, ("a1", A), ("a2", A), ready=False)
+    assert admission.make_room() == "a1"
+    assert admission.make_room() in {"a2", "b1"}
+    assert admission.closed_for_room == 2
+    assert admission.waiting == 1
 
 
 def test_a_connection_gone_before_its_handshake_is_forgotten() -> None:

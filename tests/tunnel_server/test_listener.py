@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import resource
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
+
+import pytest
 
 from tunnel_pki.ca import CertificateAuthority
 from tunnel_pki.tls import client_context, server_context
 from tunnel_server.listener import BoundedTlsListener
 
-from ..slow_clients import close_all, closed_by_server, raw_connection, stalled_after_client_hello
+from ..slow_clients import (
+    client_hello,
+    close_all,
+    closed_by_server,
+    raw_connection,
+    stalled_after_client_hello,
+)
 from ..support import until
 
 
@@ -55,15 +66,42 @@ async def test_silent_and_trickling_clients_hold_no_handshake_slot() -> None:
     try:
         silent = [await raw_connection(port) for _ in range(3)]
         trickling = [await raw_connection(port) for _ in range(3)]
-        for _, writer in trickling[:2]:
-            writer.write(b"\x16\x03\x01")  # part of a record's header
-        # A whole header announcing a 300-byte ClientHello, and 10 bytes of it.
-        trickling[2][1].write(b"\x16\x03\x01\x01\x2c" + bytes(10))
+        hello = client_hello(ca.cert_pem)
+        trickling[0][1].write(hello[:3])  # part of the record's header
+        trickling[1][1].write(hello[:7])  # the header and part of the message's
+        trickling[2][1].write(hello[:-1])  # all but its last byte
         await until(lambda: listener.admission.waiting == 6)
-        assert listener.admission.in_progress == 0
+        # The one slot is free for a client that sent its whole ClientHello.
         await echoes(port, ca)
         assert listener.admission.waiting == 6
+        assert listener.admission.in_progress == 0
         await close_all(*silent, *trickling)
+    finally:
+        await listener.stop()
+
+
+@pytest.mark.parametrize(
+    "first_bytes",
+    [
+        pytest.param(b"\x15\x03\x01\x00\x02", id="an alert record"),
+        pytest.param(b"\x16\x03\x01\x00\x00", id="an empty handshake record"),
+        pytest.param(b"\x16\x03\x01\x40\x01", id="a record over 2^14 bytes"),
+        pytest.param(b"\x16\x03\x01\x00\x30\x02\x00\x00\x2c", id="a ServerHello"),
+        pytest.param(b"\x16\x03\x01\x00\x30\x01\x00\x00\x01", id="a ClientHello too short"),
+        pytest.param(b"\x16\x03\x01\x00\x30\x01\x01\x00\x00", id="a ClientHello over 64 KiB"),
+        pytest.param(b"GET / HTTP/1.1\r\n", id="plain HTTP"),
+    ],
+)
+async def test_what_is_no_client_hello_is_closed_at_once(first_bytes: bytes) -> None:
+    listener, _ = listening(limit=1, handshake_timeout=60)
+    port = await listener.start()
+    try:
+        stream = await raw_connection(port)
+        stream[1].write(first_bytes)
+        assert await closed_by_server(stream)
+        assert listener.admission.not_tls == 1
+        assert (listener.admission.waiting, listener.admission.in_progress) == (0, 0)
+        await close_all(stream)
     finally:
         await listener.stop()
 
@@ -128,6 +166,7 @@ async def test_stop_closes_connections_waiting_for_their_client_hello() -> None:
     await until(lambda: listener.admission.waiting == 1)
     await listener.stop()
     assert await closed_by_server(silent)
+    assert listener.admission.waiting == 0
     await close_all(silent)
 
 
@@ -155,4 +194,32 @@ async def test_many_clients_all_get_through_a_small_bound(tmp_path: Path) -> Non
         results = await asyncio.wait_for(asyncio.gather(*map(round_trip, range(50))), 60)
         assert results == [f"{n:04d}".encode() for n in range(50)]
     finally:
+        await listener.stop()
+
+
+async def test_out_of_file_descriptors_the_busiest_address_gives_one_back() -> None:
+    listener, ca = listening(limit=1, handshake_timeout=60)
+    port = await listener.start()
+    flood = [await raw_connection(port, "127.0.0.2") for _ in range(20)]
+    await until(lambda: listener.admission.waiting == 20)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    spare: list[int] = []
+    try:
+        # Every descriptor in use but one, which the client's socket takes:
+        # the server's accept finds none left.
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 1, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                spare.append(os.open(os.devnull, os.O_RDONLY))
+        os.close(spare.pop())
+        await echoes(port, ca)
+        # The flood gave back what the accepts needed (the loop may take one more).
+        given_back = listener.admission.closed_for_room
+        assert 1 <= given_back <= 2
+        assert listener.admission.waiting == 20 - given_back
+    finally:
+        for descriptor in spare:
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        await close_all(*flood)
         await listener.stop()
