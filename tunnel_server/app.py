@@ -258,7 +258,10 @@ async def _start_locked(settings: ServerSettings, lock: StateLock) -> tuple[web.
         assert runner.server is not None
         return runner.server()
 
-    doors = FrontDoors(max_callers=settings.tunnel.max_caller_connections)
+    doors = FrontDoors(
+        max_callers=settings.tunnel.max_caller_connections,
+        per_address=settings.tunnel.max_caller_connections_per_address,
+    )
 
     def connection() -> asyncio.Protocol:
         return FrontDoor(app, aiohttp_connection, doors)

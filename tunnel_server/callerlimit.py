@@ -16,6 +16,12 @@ time it comes). A refused connection waiting for its request is idle too, and
 the next newcomer takes its place, refused in turn unless room was made: so at
 most one connection is ever open past the limit.
 
+One source address holds at most half of them (``--max-caller-connections-
+per-address``): past it, that address's own connection idle the longest goes,
+or its new one is refused. So one address, whose connections each hold a slow
+request (a body sent a byte at a time, for up to its 30 s), cannot keep every
+other caller out.
+
 The front door tells this module when a connection turns idle and busy; a
 connection handed to aiohttp (the REST API, upgrades) stays counted until it
 closes, but is never closed from here: it serves one request and closes
@@ -58,57 +64,107 @@ class Evictable(Protocol):
 
 
 class CallerConnections:
-    """Counts the open caller connections and keeps the idle ones in order."""
+    """Counts the open caller connections, per source address too, and keeps the idle ones in order.
 
-    def __init__(self, limit: int = DEFAULT_MAX_CALLER_CONNECTIONS) -> None:
+    ``source`` is the address a connection came from, as
+    :func:`tunnel_server.handshakes.source_of` counts it (IPv4, or IPv6 by
+    /48); "" when unknown.
+    """
+
+    def __init__(
+        self,
+        limit: int = DEFAULT_MAX_CALLER_CONNECTIONS,
+        per_address: int | None = None,
+    ) -> None:
         if limit < 1:
             raise ValueError(f"the caller connection limit must be at least 1, not {limit}")
+        if per_address is not None and per_address < 1:
+            raise ValueError(f"the limit per address must be at least 1, not {per_address}")
         self.limit = limit
+        #: The most one source address holds: half the limit unless told.
+        self.per_address = min(per_address or max(limit // 2, 1), limit)
         #: Caller connections open now (those closed to make room excepted).
         self.open = 0
-        #: Idle ones, the longest idle first.
-        self._idle: OrderedDict[Evictable, None] = OrderedDict()
+        self._held: Counter[str] = Counter()
+        #: Idle ones, the longest idle first, with their source.
+        self._idle: OrderedDict[Evictable, str] = OrderedDict()
         #: For metrics: connections closed to make room, and refused.
         self.evicted = 0
         self.refused = 0
+        self.refused_per_address = 0
 
-    def admit(self) -> bool:
-        """Count a new caller connection; False if it must be refused.
+    def admit(self, source: str = "") -> bool:
+        """Count a new caller connection from ``source``; False if it must be refused.
 
-        Over the limit, the longest idle connection is closed, and no longer
-        counted, so the new one takes its place: admitted if that leaves it
-        within the limit (a refused one closed makes room only if another
+        Past its address's bound, that address's connection idle the longest
+        is closed to make room; past the server's, the one idle the longest of
+        all. Either way the new one takes its place: admitted if that leaves
+        it within both bounds (a refused one closed makes room only if another
         connection closed meanwhile).
         """
         self.open += 1
+        self._held[source] += 1
+        if self._held[source] > self.per_address:
+            own = next((c for c, s in self._idle.items() if s == source), None)
+            if own is not None:
+                self._evict(own)
+            if self._held[source] > self.per_address:
+                self.refused += 1
+                self.refused_per_address += 1
+                return False
         if self.open <= self.limit:
             return True
         if self._idle:
-            oldest, _ = self._idle.popitem(last=False)
-            self.open -= 1
-            self.evicted += 1
-            oldest.evict()
+            self._evict(next(iter(self._idle)))
             if self.open <= self.limit:
                 return True
         self.refused += 1
         return False
 
-    def release(self) -> None:
+    def release(self, source: str = "") -> None:
         """A counted connection closed (one closed to make room was released already)."""
         self.open -= 1
+        self._held[source] -= 1
+        if self._held[source] <= 0:
+            del self._held[source]
 
-    def idle(self, connection: Evictable) -> None:
+    def idle(self, connection: Evictable, source: str = "") -> None:
         """``connection`` has nothing in progress: it may be closed to make room."""
-        self._idle[connection] = None
+        self._idle[connection] = source
         self._idle.move_to_end(connection)
 
     def busy(self, connection: Evictable) -> None:
         """``connection`` serves a request, closed or was handed over: keep it."""
         self._idle.pop(connection, None)
 
+    def held(self, source: str) -> int:
+        """The caller connections ``source`` holds now."""
+        return self._held[source]
+
+    def refusal(self, source: str = "") -> str | None:
+        """Why a connection refused when it came is refused still, or None if room was made."""
+        if self.open > self.limit:
+            return (
+                f"the tunnel server holds {self.limit} caller connections, its limit "
+                "(--max-caller-connections), each serving a request; try again shortly"
+            )
+        if self._held[source] > self.per_address:
+            return (
+                f"your address holds {self.per_address} connections to the tunnel server, its "
+                "limit per address (--max-caller-connections-per-address), each serving a "
+                "request; try again shortly"
+            )
+        return None
+
     @property
     def idle_count(self) -> int:
         return len(self._idle)
+
+    def _evict(self, connection: Evictable) -> None:
+        source = self._idle.pop(connection)
+        self.release(source)
+        self.evicted += 1
+        connection.evict()
 
 
 class AgentConnections:
@@ -185,9 +241,11 @@ class FrontDoors:
     """The open front-door connections, closed together at shutdown, and the
     count of callers' connections, bounded by ``max_callers``."""
 
-    def __init__(self, max_callers: int = DEFAULT_MAX_CALLER_CONNECTIONS) -> None:
+    def __init__(
+        self, max_callers: int = DEFAULT_MAX_CALLER_CONNECTIONS, per_address: int | None = None
+    ) -> None:
         self.open: set[Door] = set()
-        self.callers = CallerConnections(max_callers)
+        self.callers = CallerConnections(max_callers, per_address)
         self.agents = AgentConnections()
 
     async def close(self) -> None:

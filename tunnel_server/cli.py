@@ -152,6 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(
         serve,
+        "--max-caller-connections-per-address",
+        env + "MAX_CALLER_CONNECTIONS_PER_ADDRESS",
+        default=None,
+        help="of those, the most one address (IPv4, or IPv6 /48) may hold; past it its own "
+        "longest idle one is closed, or its new one answered 503 (default: half of "
+        "--max-caller-connections)",
+    )
+    env_flag(
+        serve,
         "--tls-handshake-timeout",
         env + "TLS_HANDSHAKE_TIMEOUT",
         default="10s",
@@ -237,6 +246,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             max_caller_connections=_positive(
                 args.max_caller_connections, "--max-caller-connections"
             ),
+            max_caller_connections_per_address=_per_address(
+                args.max_caller_connections_per_address
+            ),
             tls_handshake_timeout=_seconds(args.tls_handshake_timeout, "--tls-handshake-timeout"),
             tls_handshake_grace=_seconds(args.tls_handshake_grace, "--tls-handshake-grace"),
         ),
@@ -272,6 +284,11 @@ def _retention(value: str, flag: str) -> timedelta:
             " (it is how long records are kept before they are deleted)"
         )
     return retention
+
+
+def _per_address(value: str | None) -> int | None:
+    flag = "--max-caller-connections-per-address"
+    return None if value is None else _positive(value, flag)
 
 
 def _seconds(value: str, flag: str) -> float:

@@ -114,6 +114,8 @@ class TunnelSettings:
     max_requests_per_user: int = 1024
     #: Connections callers (not agents) may hold open at once (tunnel_server/callerlimit.py).
     max_caller_connections: int = DEFAULT_MAX_CALLER_CONNECTIONS
+    #: The most of them one source address holds (None: half of them).
+    max_caller_connections_per_address: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from .agentanswer import AnswerFraming, answer_framing, read_response_head
 from .callerlimit import CountedProtocol, FrontDoors, peer_certificate_serial
 from .context import CONTEXT, ServerContext
 from .frontdoor_buffers import AnswerOutput, RequestBody
+from .handshakes import source_of
 from .http1 import (
     LAST_CHUNK,
     MAX_HEAD,
@@ -91,6 +92,8 @@ class FrontDoor(asyncio.Protocol):
         self._counted = False
         #: Over the bound with nothing idle to close: its request gets a 503.
         self._refused = False
+        #: The caller's address, as the bounds count it (handshakes.source_of).
+        self._source = ""
         #: The serial of its agent certificate (not counted while not revoked), or None.
         self._agent_serial: int | None = None
         self._keepalive_timeout = keepalive_timeout
@@ -121,6 +124,8 @@ class FrontDoor(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         enable_tcp_keepalive(transport)
         self._doors.open.add(self)
+        peer = transport.get_extra_info("peername")
+        self._source = source_of(peer[0]) if peer else ""
         serial = peer_certificate_serial(transport)
         if (
             serial is not None
@@ -138,7 +143,7 @@ class FrontDoor(asyncio.Protocol):
         self._cancel_idle_timer()
         if self._counted:
             self._counted = False
-            self._callers.release()
+            self._callers.release(self._source)
         self._release_agent()
         if self._body is not None:
             self._body.fail()
@@ -192,7 +197,7 @@ class FrontDoor(asyncio.Protocol):
 
     def _count(self) -> None:
         self._counted = True
-        self._refused = not self._callers.admit()
+        self._refused = not self._callers.admit(self._source)
 
     def evict(self) -> None:
         """Close this idle connection to make room for another (it is no longer counted)."""
@@ -234,9 +239,9 @@ class FrontDoor(asyncio.Protocol):
             self._release_agent()  # revoked since it came: a caller's from now on
             self._count()
         if self._refused:
-            callers = self._callers
-            if callers.open > callers.limit:
-                self._answer_over_limit(request)
+            refusal = self._callers.refusal(self._source)
+            if refusal is not None:
+                self._answer_over_limit(request, refusal)
                 return
             self._refused = False  # room was made since it came
         cluster = cluster_of(request.target)
@@ -499,18 +504,9 @@ class FrontDoor(asyncio.Protocol):
         self._buffer = bytearray()
         self.close()
 
-    def _answer_over_limit(self, request: CallerRequest) -> None:
-        callers = self._callers
+    def _answer_over_limit(self, request: CallerRequest, refusal: str) -> None:
         self._keep_alive = False
-        self._answer_status(
-            ProxyRefusal(
-                503,
-                "ServiceUnavailable",
-                f"the tunnel server holds {callers.limit} caller connections, its limit "
-                "(--max-caller-connections), each serving a request; try again shortly",
-            ),
-            request,
-        )
+        self._answer_status(ProxyRefusal(503, "ServiceUnavailable", refusal), request)
         self._buffer = bytearray()
         self.close()
 
@@ -524,7 +520,9 @@ class FrontDoor(asyncio.Protocol):
         if self._counted:
             # Still a caller's connection: counted until it closes.
             self._counted = False
-            protocol = CountedProtocol(protocol, self._callers.release)
+            protocol = CountedProtocol(
+                protocol, functools.partial(self._callers.release, self._source)
+            )
         serial = self._agent_serial
         if serial is not None:
             # An agent's (its WebSocket): counted for its certificate until it closes.
@@ -560,7 +558,7 @@ class FrontDoor(asyncio.Protocol):
         # One timer per connection, not one per request: a timer that fires
         # early (the connection was busy, or idle for less) sets itself again.
         if self._counted:
-            self._callers.idle(self)
+            self._callers.idle(self, self._source)
         self._idle_deadline = self._loop.time() + self._keepalive_timeout
         if self._idle_timer is None:
             self._idle_timer = self._loop.call_at(self._idle_deadline, self._idle_timeout)

@@ -138,6 +138,17 @@ class CallerConnectionCollector(Collector):
             "Caller connections answered 503 at the limit, every other one serving a request.",
             value=callers.refused,
         )
+        yield GaugeMetricFamily(
+            "tunnel_server_caller_connections_per_address_limit",
+            "The most caller connections one address may hold open "
+            "(--max-caller-connections-per-address).",
+            value=callers.per_address,
+        )
+        yield CounterMetricFamily(
+            "tunnel_server_caller_connections_refused_per_address",
+            "Of those refused, the ones refused at their address's limit.",
+            value=callers.refused_per_address,
+        )
 
 
 class HandshakeCollector(Collector):

@@ -103,16 +103,24 @@ class Caller:
             await self.writer.wait_closed()
 
 
-async def connect(server: RunningServer, port: int | None = None) -> Caller:
+async def connect(
+    server: RunningServer, port: int | None = None, source: str = "127.0.0.1"
+) -> Caller:
+    """A caller's TLS connection, from ``source`` (another loopback address is another caller)."""
     reader, writer = await asyncio.open_connection(
-        "127.0.0.1", port or server.port, ssl=client_context(server.ca_pem)
+        "127.0.0.1",
+        port or server.port,
+        ssl=client_context(server.ca_pem),
+        local_addr=(source, 0),
     )
     return Caller(reader, writer)
 
 
 @contextlib.asynccontextmanager
-async def caller(server: RunningServer, port: int | None = None) -> AsyncIterator[Caller]:
-    connection = await connect(server, port)
+async def caller(
+    server: RunningServer, port: int | None = None, source: str = "127.0.0.1"
+) -> AsyncIterator[Caller]:
+    connection = await connect(server, port, source)
     try:
         yield connection
     finally:
@@ -173,14 +181,18 @@ async def lean_server(
     server: RunningServer,
     keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     max_callers: int = DEFAULT_MAX_CALLER_CONNECTIONS,
+    per_address: int | None = None,
 ) -> AsyncIterator[tuple[int, FrontDoors]]:
-    """A second TLS port of ``server``'s app whose front doors use these settings."""
+    """A second TLS port of ``server``'s app whose front doors use these settings.
+
+    Without ``per_address``, one address may hold all ``max_callers``.
+    """
     state = server.settings.state_dir
     ssl = server_context(
         (state / "server.crt").read_bytes(), (state / "server.key").read_bytes(), server.ca_pem
     )
     runner = server.runner
-    front_doors = FrontDoors(max_callers)
+    front_doors = FrontDoors(max_callers, per_address or max_callers)
 
     def aiohttp_connection() -> asyncio.Protocol:
         assert runner.server is not None
@@ -201,9 +213,9 @@ async def lean_server(
 
 
 @contextlib.asynccontextmanager
-async def watching(tunnel: Tunnel, port: int) -> AsyncIterator[Caller]:
+async def watching(tunnel: Tunnel, port: int, source: str = "127.0.0.1") -> AsyncIterator[Caller]:
     """A caller whose connection serves a watch of the pods, its first event (demo) read."""
-    async with caller(tunnel.server, port) as connection:
+    async with caller(tunnel.server, port, source) as connection:
         connection.send(get(tunnel, f"{PODS}?watch=true"))
         head = await asyncio.wait_for(connection.reader.readuntil(b"\r\n\r\n"), ANSWER_TIMEOUT)
         assert head.startswith(b"HTTP/1.1 200 ")

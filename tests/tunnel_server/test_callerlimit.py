@@ -20,14 +20,14 @@ class Connection:
 
 
 def test_connections_within_the_limit_are_admitted_and_counted() -> None:
-    callers = CallerConnections(limit=2)
+    callers = CallerConnections(limit=2, per_address=2)
     assert callers.admit()
     assert callers.admit()
     assert (callers.open, callers.evicted, callers.refused) == (2, 0, 0)
 
 
 def test_past_the_limit_the_connection_idle_the_longest_is_closed_and_no_longer_counted() -> None:
-    callers = CallerConnections(limit=2)
+    callers = CallerConnections(limit=2, per_address=2)
     first, second = Connection("first"), Connection("second")
     for connection in (first, second):
         assert callers.admit()
@@ -40,7 +40,7 @@ def test_past_the_limit_the_connection_idle_the_longest_is_closed_and_no_longer_
 
 
 def test_a_busy_connection_is_never_closed_to_make_room() -> None:
-    callers = CallerConnections(limit=2)
+    callers = CallerConnections(limit=2, per_address=2)
     busy, idle = Connection("busy"), Connection("idle")
     assert callers.admit()  # busy: never marked idle
     assert callers.admit()
@@ -50,7 +50,7 @@ def test_a_busy_connection_is_never_closed_to_make_room() -> None:
 
 
 def test_past_the_limit_with_nothing_idle_the_new_connection_is_refused_but_counted() -> None:
-    callers = CallerConnections(limit=1)
+    callers = CallerConnections(limit=1, per_address=1)
     assert callers.admit()
     assert not callers.admit()
     assert (callers.open, callers.refused) == (2, 1)
@@ -60,7 +60,7 @@ def test_past_the_limit_with_nothing_idle_the_new_connection_is_refused_but_coun
 
 def test_a_refused_connection_left_idle_gives_its_place_to_the_next_refused_in_turn() -> None:
     """So refused connections cannot pile up past the limit while they wait for a request."""
-    callers = CallerConnections(limit=1)
+    callers = CallerConnections(limit=1, per_address=1)
     assert callers.admit()
     refused = Connection("refused")
     assert not callers.admit()
@@ -71,7 +71,7 @@ def test_a_refused_connection_left_idle_gives_its_place_to_the_next_refused_in_t
 
 
 def test_a_refused_connection_closed_after_room_was_made_admits_the_next() -> None:
-    callers = CallerConnections(limit=2)
+    callers = CallerConnections(limit=2, per_address=2)
     assert callers.admit()  # busy
     assert callers.admit()  # busy, then closes
     refused = Connection("refused")
@@ -87,3 +87,52 @@ def test_a_refused_connection_closed_after_room_was_made_admits_the_next() -> No
 def test_the_limit_must_allow_a_connection(limit: int) -> None:
     with pytest.raises(ValueError, match="at least 1"):
         CallerConnections(limit)
+
+
+def test_half_the_limit_per_address_unless_told_and_never_more_than_the_limit() -> None:
+    assert CallerConnections(limit=4096).per_address == 2048
+    assert CallerConnections(limit=1).per_address == 1
+    assert CallerConnections(limit=10, per_address=3).per_address == 3
+    assert CallerConnections(limit=10, per_address=50).per_address == 10
+    with pytest.raises(ValueError, match="per address must be at least 1"):
+        CallerConnections(limit=10, per_address=0)
+
+
+def test_past_its_share_an_address_loses_its_own_oldest_idle_connection() -> None:
+    callers = CallerConnections(limit=10, per_address=2)
+    b_idle, a_first, a_second = Connection("b"), Connection("a1"), Connection("a2")
+    assert callers.admit("b")
+    callers.idle(b_idle, "b")  # the longest idle of all
+    for connection in (a_first, a_second):
+        assert callers.admit("a")
+        callers.idle(connection, "a")
+    assert callers.admit("a")
+    assert (b_idle.evicted, a_first.evicted, a_second.evicted) == (False, True, False)
+    assert (callers.held("a"), callers.held("b"), callers.open) == (2, 1, 3)
+    assert callers.refusal("a") is None
+
+
+def test_past_its_share_with_nothing_idle_an_address_is_refused_and_others_are_not() -> None:
+    callers = CallerConnections(limit=10, per_address=2)
+    assert callers.admit("a")
+    assert callers.admit("a")
+    assert not callers.admit("a")
+    assert callers.admit("b")
+    assert (callers.refused, callers.refused_per_address) == (1, 1)
+    refusal = callers.refusal("a")
+    assert refusal is not None
+    assert "your address holds 2 connections to the tunnel server" in refusal
+    assert callers.refusal("b") is None
+    callers.release("a")  # one of the busy ones closed: the refused one may stay
+    assert callers.refusal("a") is None
+    assert (callers.held("a"), callers.open) == (2, 3)
+
+
+def test_the_servers_limit_is_told_when_it_is_the_one_reached() -> None:
+    callers = CallerConnections(limit=2, per_address=2)
+    assert callers.admit("a")
+    assert callers.admit("b")
+    assert not callers.admit("c")
+    refusal = callers.refusal("c")
+    assert refusal is not None
+    assert "the tunnel server holds 2 caller connections, its limit" in refusal

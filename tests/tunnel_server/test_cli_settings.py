@@ -186,6 +186,15 @@ SERVER_FLAGS = [
         10,
     ),
     FlagCase(
+        "--max-caller-connections-per-address",
+        "TUNNEL_SERVER_MAX_CALLER_CONNECTIONS_PER_ADDRESS",
+        "500",
+        "16",
+        lambda a, s: s.tunnel.max_caller_connections_per_address,
+        500,
+        16,
+    ),
+    FlagCase(
         "--tls-handshake-timeout",
         "TUNNEL_SERVER_TLS_HANDSHAKE_TIMEOUT",
         "30s",
@@ -412,3 +421,13 @@ def test_counts_must_be_positive_whole_numbers(flag: str, value: str) -> None:
 def test_a_handshake_duration_of_nothing_is_refused(flag: str) -> None:
     with pytest.raises(ConfigError, match=f"{flag} must be longer than 0s, not 0s"):
         server_settings(flag, "0s")
+
+
+def test_without_a_limit_per_address_the_server_takes_half_of_its_limit() -> None:
+    assert server_settings().tunnel.max_caller_connections_per_address is None
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_a_limit_per_address_that_is_no_whole_number_of_at_least_1_is_refused(value: str) -> None:
+    with pytest.raises(ConfigError, match="--max-caller-connections-per-address must be a whole"):
+        server_settings("--max-caller-connections-per-address", value)

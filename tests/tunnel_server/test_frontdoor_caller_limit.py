@@ -90,6 +90,46 @@ async def test_at_the_limit_with_every_connection_busy_a_new_caller_is_answered_
         assert b'"later"' in event
 
 
+async def test_one_address_holding_its_share_of_busy_connections_keeps_no_one_else_out(
+    tunnel: Tunnel,
+) -> None:
+    async with (
+        lean_server(tunnel.server, max_callers=4, per_address=2) as (port, doors),
+        watching(tunnel, port, "127.0.0.2"),
+        watching(tunnel, port, "127.0.0.2"),
+        caller(tunnel.server, port, "127.0.0.2") as refused,
+        caller(tunnel.server, port, "127.0.0.1") as other,
+    ):
+        refused.send(get(tunnel, f"{PODS}/demo"))
+        reply = await refused.reply()
+        assert_status_object(reply, 503, "ServiceUnavailable")
+        assert (
+            "your address holds 2 connections to the tunnel server, its limit per address"
+            in (reply.json()["message"])
+        )
+        assert await refused.closed()
+        other.send(get(tunnel, f"{PODS}/demo"))
+        assert (await other.reply()).status == 200
+        assert (doors.callers.refused, doors.callers.refused_per_address) == (1, 1)
+
+
+async def test_past_its_share_an_address_loses_its_own_idle_connection_not_anothers(
+    tunnel: Tunnel,
+) -> None:
+    async with (
+        lean_server(tunnel.server, max_callers=4, per_address=1) as (port, doors),
+        caller(tunnel.server, port, "127.0.0.1") as bystander,
+        caller(tunnel.server, port, "127.0.0.2") as first,
+    ):
+        await until(lambda: doors.callers.open == 2)
+        async with caller(tunnel.server, port, "127.0.0.2") as second:
+            assert await first.closed()
+            for connection in (bystander, second):
+                connection.send(get(tunnel, f"{PODS}/demo"))
+                assert (await connection.reply()).status == 200
+            assert (doors.callers.evicted, doors.callers.held("127.0.0.2")) == (1, 1)
+
+
 async def test_a_refused_connection_is_served_if_room_was_made_before_its_request(
     tunnel: Tunnel,
 ) -> None:
