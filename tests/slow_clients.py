@@ -10,6 +10,20 @@ from tunnel_pki.tls import client_context
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
+#: First bytes that cannot begin a ClientHello, by what they are.
+NOT_CLIENT_HELLOS = {
+    "an alert": b"\x15\x03\x01\x00\x02\x02\x28",
+    "application data": b"\x17\x03\x03\x00\x10",
+    "a record of another major version": b"\x16\x02\x00\x00\x30",
+    "an empty record": b"\x16\x03\x01\x00\x00",
+    "a record over 2^14 bytes": b"\x16\x03\x01\x40\x01",
+    "a ServerHello": b"\x16\x03\x01\x00\x30\x02\x00\x00\x2c",
+    "a ClientHello too short": b"\x16\x03\x01\x00\x30\x01\x00\x00\x10",
+    "a ClientHello over 64 KiB": b"\x16\x03\x01\x00\x30\x01\x01\x00\x00",
+    "plain HTTP": b"GET / HTTP/1.1\r\n",
+    "an SSLv2 ClientHello": b"\x80\x2e\x01\x00\x02",
+}
+
 
 async def raw_connection(port: int, source: str = "127.0.0.1") -> Stream:
     """A TCP connection to 127.0.0.1:port from ``source``, saying nothing yet."""

@@ -11,6 +11,8 @@ from tunnel_pki.ca import CertificateAuthority
 from tunnel_pki.tls import client_context
 from tunnel_server.clienthello import MAX_CLIENT_HELLO_BYTES, client_hello_needs
 
+from ..slow_clients import NOT_CLIENT_HELLOS
+
 
 def record(payload: bytes) -> bytes:
     return b"\x16\x03\x01" + len(payload).to_bytes(2, "big") + payload
@@ -61,21 +63,7 @@ def test_a_client_hello_in_tiny_records_is_refused_past_the_bound(hello: bytes) 
     assert client_hello_needs(one_byte_records) is None
 
 
-@pytest.mark.parametrize(
-    "head",
-    [
-        pytest.param(b"\x15\x03\x01\x00\x02\x02\x28", id="an alert"),
-        pytest.param(b"\x17\x03\x03\x00\x10", id="application data"),
-        pytest.param(b"\x16\x02\x00\x00\x30", id="an SSLv3 record of another major version"),
-        pytest.param(b"\x16\x03\x01\x00\x00", id="an empty record"),
-        pytest.param(b"\x16\x03\x01\x40\x01", id="a record over 2^14 bytes"),
-        pytest.param(b"\x16\x03\x01\x00\x30\x02\x00\x00\x2c", id="a ServerHello"),
-        pytest.param(b"\x16\x03\x01\x00\x30\x01\x00\x00\x10", id="a ClientHello too short"),
-        pytest.param(b"\x16\x03\x01\x00\x30\x01\x01\x00\x00", id="a ClientHello over 64 KiB"),
-        pytest.param(b"GET / HTTP/1.1\r\n", id="plain HTTP"),
-        pytest.param(b"\x80\x2e\x01\x00\x02", id="an SSLv2 ClientHello"),
-    ],
-)
+@pytest.mark.parametrize("head", NOT_CLIENT_HELLOS.values(), ids=NOT_CLIENT_HELLOS.keys())
 def test_what_cannot_begin_a_client_hello_is_told(head: bytes) -> None:
     assert client_hello_needs(head) is None
 

@@ -17,6 +17,7 @@ from tunnel_pki.tls import client_context, server_context
 from tunnel_server.listener import BoundedTlsListener
 
 from ..slow_clients import (
+    NOT_CLIENT_HELLOS,
     client_hello,
     close_all,
     closed_by_server,
@@ -80,18 +81,7 @@ async def test_silent_and_trickling_clients_hold_no_handshake_slot() -> None:
         await listener.stop()
 
 
-@pytest.mark.parametrize(
-    "first_bytes",
-    [
-        pytest.param(b"\x15\x03\x01\x00\x02", id="an alert record"),
-        pytest.param(b"\x16\x03\x01\x00\x00", id="an empty handshake record"),
-        pytest.param(b"\x16\x03\x01\x40\x01", id="a record over 2^14 bytes"),
-        pytest.param(b"\x16\x03\x01\x00\x30\x02\x00\x00\x2c", id="a ServerHello"),
-        pytest.param(b"\x16\x03\x01\x00\x30\x01\x00\x00\x01", id="a ClientHello too short"),
-        pytest.param(b"\x16\x03\x01\x00\x30\x01\x01\x00\x00", id="a ClientHello over 64 KiB"),
-        pytest.param(b"GET / HTTP/1.1\r\n", id="plain HTTP"),
-    ],
-)
+@pytest.mark.parametrize("first_bytes", NOT_CLIENT_HELLOS.values(), ids=NOT_CLIENT_HELLOS.keys())
 async def test_what_is_no_client_hello_is_closed_at_once(first_bytes: bytes) -> None:
     listener, _ = listening(limit=1, handshake_timeout=60)
     port = await listener.start()
