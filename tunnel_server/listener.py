@@ -314,6 +314,7 @@ class BoundedTlsListener:
             # A failed handshake (bad certificate, timeout, probe) has closed
             # its socket; there is nothing else to do with it.
             task.exception()
+        pending.task = None  # the task's result refers to it: no cycle keeps the connection
         if pending.done:
             return
         if not pending.made:  # abandoned before its protocol was made: the socket is ours
