@@ -88,6 +88,9 @@ class CallerConnections:
         self._held: Counter[str] = Counter()
         #: Idle ones, the longest idle first, with their source.
         self._idle: OrderedDict[Evictable, str] = OrderedDict()
+        #: The same, per source (insertion-ordered), so that an address past
+        #: its share finds its own at once, however many others are idle.
+        self._idle_of: dict[str, dict[Evictable, None]] = {}
         #: For metrics: connections closed to make room, and refused.
         self.evicted = 0
         self.refused = 0
@@ -96,29 +99,32 @@ class CallerConnections:
     def admit(self, source: str = "") -> bool:
         """Count a new caller connection from ``source``; False if it must be refused.
 
-        Past its address's bound, that address's connection idle the longest
-        is closed to make room; past the server's, the one idle the longest of
-        all. Either way the new one takes its place: admitted if that leaves
-        it within both bounds (a refused one closed makes room only if another
-        connection closed meanwhile).
+        Past its address's share, that address's connections idle the longest
+        are closed to make room; past the server's bound, the one idle the
+        longest of all (not for one refused at its share, unless two would be
+        past the server's bound). The new one is admitted if that leaves it
+        within both (a refused one closed makes room only if another connection
+        closed meanwhile). A refused one is counted, idle until its request,
+        and at most one connection is ever open past the server's bound.
         """
         self.open += 1
-        self._held[source] += 1
-        if self._held[source] > self.per_address:
-            own = next((c for c, s in self._idle.items() if s == source), None)
-            if own is not None:
-                self._evict(own)
-            if self._held[source] > self.per_address:
-                self.refused += 1
-                self.refused_per_address += 1
-                return False
-        if self.open <= self.limit:
-            return True
-        if self._idle:
+        held = self._held[source] = self._held[source] + 1
+        while held > self.per_address:
+            own = self._idle_of.get(source)
+            if not own:
+                break
+            self._evict(next(iter(own)))
+            held -= 1
+        over_share = held > self.per_address
+        # One refused past its share closes no other address's connection,
+        # unless that keeps more than one open past the server's bound.
+        if self.open > self.limit + (1 if over_share else 0) and self._idle:
             self._evict(next(iter(self._idle)))
-            if self.open <= self.limit:
-                return True
+        if not over_share and self.open <= self.limit:
+            return True
         self.refused += 1
+        if over_share and self.per_address < self.limit:
+            self.refused_per_address += 1
         return False
 
     def release(self, source: str = "") -> None:
@@ -132,10 +138,20 @@ class CallerConnections:
         """``connection`` has nothing in progress: it may be closed to make room."""
         self._idle[connection] = source
         self._idle.move_to_end(connection)
+        own = self._idle_of.get(source)
+        if own is None:
+            own = self._idle_of[source] = {}
+        own.pop(connection, None)
+        own[connection] = None
 
     def busy(self, connection: Evictable) -> None:
         """``connection`` serves a request, closed or was handed over: keep it."""
-        self._idle.pop(connection, None)
+        source = self._idle.pop(connection, None)
+        if source is not None:
+            own = self._idle_of[source]
+            del own[connection]
+            if not own:
+                del self._idle_of[source]
 
     def held(self, source: str) -> int:
         """The caller connections ``source`` holds now."""
@@ -143,16 +159,16 @@ class CallerConnections:
 
     def refusal(self, source: str = "") -> str | None:
         """Why a connection refused when it came is refused still, or None if room was made."""
-        if self.open > self.limit:
-            return (
-                f"the tunnel server holds {self.limit} caller connections, its limit "
-                "(--max-caller-connections), each serving a request; try again shortly"
-            )
-        if self._held[source] > self.per_address:
+        if self._held[source] > self.per_address and self.per_address < self.limit:
             return (
                 f"your address holds {self.per_address} connections to the tunnel server, its "
                 "limit per address (--max-caller-connections-per-address), each serving a "
                 "request; try again shortly"
+            )
+        if self.open > self.limit or self._held[source] > self.per_address:
+            return (
+                f"the tunnel server holds {self.limit} caller connections, its limit "
+                "(--max-caller-connections), each serving a request; try again shortly"
             )
         return None
 
@@ -161,7 +177,8 @@ class CallerConnections:
         return len(self._idle)
 
     def _evict(self, connection: Evictable) -> None:
-        source = self._idle.pop(connection)
+        source = self._idle[connection]
+        self.busy(connection)
         self.release(source)
         self.evicted += 1
         connection.evict()

@@ -136,3 +136,49 @@ def test_the_servers_limit_is_told_when_it_is_the_one_reached() -> None:
     refusal = callers.refusal("c")
     assert refusal is not None
     assert "the tunnel server holds 2 caller connections, its limit" in refusal
+
+
+def test_refused_at_their_shares_at_most_one_connection_is_open_past_the_limit() -> None:
+    callers = CallerConnections(limit=4, per_address=2)
+    for source in "aabb":
+        assert callers.admit(source)  # four busy: two each, the server's bound
+    refused_a, refused_b = Connection("ra"), Connection("rb")
+    assert not callers.admit("a")
+    callers.idle(refused_a, "a")
+    assert callers.open == 5  # no other address's idle connection closed for it
+    assert not callers.admit("b")
+    callers.idle(refused_b, "b")
+    assert callers.open == 5
+    assert refused_a.evicted
+    assert callers.refused_per_address == 2
+    callers.release("a")  # one of a's requests ended and its connection closed
+    assert callers.admit("c")  # the refused one idle goes, not c
+    assert refused_b.evicted
+
+
+def test_one_refused_at_its_share_is_told_so_though_the_server_is_full_too() -> None:
+    callers = CallerConnections(limit=4, per_address=2)
+    assert callers.admit("a")
+    assert callers.admit("a")
+    for name, source in (("b1", "b"), ("c1", "c")):
+        assert callers.admit(source)
+        callers.idle(Connection(name), source)
+    assert not callers.admit("a")
+    refusal = callers.refusal("a")
+    assert refusal is not None
+    assert "your address holds 2 connections" in refusal
+    assert callers.refused_per_address == 1
+    assert callers.evicted == 0  # nothing of b's or c's closed for a connection refused anyway
+
+
+def test_past_its_share_an_address_gives_up_as_many_of_its_idle_ones_as_it_must() -> None:
+    callers = CallerConnections(limit=10, per_address=2)
+    assert callers.admit("a")
+    assert callers.admit("a")
+    refused, kept_alive = Connection("r"), Connection("k")
+    assert not callers.admit("a")
+    callers.idle(refused, "a")
+    callers.idle(kept_alive, "a")  # its request ended: idle between requests
+    assert callers.admit("a")
+    assert (refused.evicted, kept_alive.evicted) == (True, True)
+    assert callers.held("a") == 2
