@@ -247,7 +247,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                 args.max_caller_connections, "--max-caller-connections"
             ),
             max_caller_connections_per_address=_per_address(
-                args.max_caller_connections_per_address
+                args.max_caller_connections_per_address,
+                _positive(args.max_caller_connections, "--max-caller-connections"),
             ),
             tls_handshake_timeout=_seconds(args.tls_handshake_timeout, "--tls-handshake-timeout"),
             tls_handshake_grace=_seconds(args.tls_handshake_grace, "--tls-handshake-grace"),
@@ -286,9 +287,16 @@ def _retention(value: str, flag: str) -> timedelta:
     return retention
 
 
-def _per_address(value: str | None) -> int | None:
+def _per_address(value: str | None, most: int) -> int | None:
     flag = "--max-caller-connections-per-address"
-    return None if value is None else _positive(value, flag)
+    if value is None:
+        return None
+    number = _positive(value, flag)
+    if number > most:
+        raise ConfigError(
+            f"{flag} ({number}) cannot be more than --max-caller-connections ({most})"
+        )
+    return number
 
 
 def _seconds(value: str, flag: str) -> float:

@@ -431,3 +431,14 @@ def test_without_a_limit_per_address_the_server_takes_half_of_its_limit() -> Non
 def test_a_limit_per_address_that_is_no_whole_number_of_at_least_1_is_refused(value: str) -> None:
     with pytest.raises(ConfigError, match="--max-caller-connections-per-address must be a whole"):
         server_settings("--max-caller-connections-per-address", value)
+
+
+def test_a_limit_per_address_above_the_servers_is_refused() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"--max-caller-connections-per-address \(50\) cannot be more than "
+        r"--max-caller-connections \(10\)",
+    ):
+        server_settings(
+            "--max-caller-connections", "10", "--max-caller-connections-per-address", "50"
+        )
