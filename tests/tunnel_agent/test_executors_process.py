@@ -157,6 +157,27 @@ def test_only_processes_with_the_mark_are_stopped() -> None:
             process.stdout.close()
 
 
+def test_a_member_of_the_runs_group_still_dying_is_stopped_but_not_told_as_escaped() -> None:
+    """Found in CI: a child killed with its group, not gone yet, was told as an escapee."""
+    sleep = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(3600)"]
+    member = subprocess.Popen(
+        sleep,
+        env={"PATH": "/usr/bin:/bin", MARK_VARIABLE: "run42"},
+        stdout=subprocess.PIPE,
+        start_new_session=True,  # leads a group of its own: the run's, here
+    )
+    try:
+        assert member.stdout is not None
+        assert member.stdout.readline() == b"ready\n"
+        assert kill_marked("run42", group=member.pid) == 0
+        assert member.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        member.kill()
+        member.wait()
+        assert member.stdout is not None
+        member.stdout.close()
+
+
 def test_without_proc_no_process_is_found(tmp_path: Path) -> None:
     assert kill_marked("abc", proc=tmp_path / "no-proc") == 0
 

@@ -152,7 +152,7 @@ async def run_process(
                 # What the process left running in its group, or outside it
                 # with its mark, would hold the pipes open.
                 _signal_group(process.pid, signal.SIGKILL)
-                await _end_escapees(mark, Path(argv[0]).name, emit)
+                await _end_escapees(mark, Path(argv[0]).name, emit, process.pid)
                 # A descendant that left the group could hold them for ever: read
                 # what is there, then stop reading.
                 await asyncio.wait(pumps, timeout=_DRAIN)
@@ -160,7 +160,7 @@ async def run_process(
                     transport.close()
         except BaseException:
             await _stop(process, kill_grace)
-            await _end_escapees(mark, Path(argv[0]).name, emit)
+            await _end_escapees(mark, Path(argv[0]).name, emit, process.pid)
             raise
     finally:
         for transport in transports:
@@ -208,9 +208,9 @@ async def _stop(process: asyncio.subprocess.Process, grace: float) -> None:
         await process.wait()
 
 
-async def _end_escapees(mark: str, name: str, emit: Callable[[str], None]) -> None:
+async def _end_escapees(mark: str, name: str, emit: Callable[[str], None], group: int) -> None:
     """Kill what the process left running outside its group, and say so in the run's log."""
-    killed = await asyncio.shield(asyncio.to_thread(kill_marked, mark))
+    killed = await asyncio.shield(asyncio.to_thread(kill_marked, mark, group=group))
     if killed:
         emit(
             f"[agent] stopped {killed} process{'es' if killed > 1 else ''} that {name}"
@@ -218,25 +218,29 @@ async def _end_escapees(mark: str, name: str, emit: Callable[[str], None]) -> No
         )
 
 
-def kill_marked(mark: str, proc: Path = Path("/proc")) -> int:
-    """SIGKILL every process (but this one) whose environment carries ``mark``; return how many.
+def kill_marked(mark: str, proc: Path = Path("/proc"), *, group: int | None = None) -> int:
+    """SIGKILL every process (but this one) whose environment carries ``mark``.
 
-    Scans until a scan finds none (at most :data:`_MAX_SCANS`), for a process
-    that forks while its kin are killed. Processes whose environment this one
-    may not read (another user's) are passed over; without ``/proc``, none is
-    found.
+    Returns how many were outside process group ``group``: the run's group was
+    sent SIGKILL already, and a member still dying is found here too, but it
+    did not escape. Scans until a scan finds none (at most :data:`_MAX_SCANS`),
+    for a process that forks while its kin are killed. Processes whose
+    environment this one may not read (another user's) are passed over;
+    without ``/proc``, none is found.
     """
     needle = f"{MARK_VARIABLE}={mark}".encode()
-    killed: set[int] = set()
+    escaped: set[int] = set()
     for _ in range(_MAX_SCANS):
         found = [pid for pid in _pids(proc) if needle in _environment(proc / str(pid))]
         for pid in found:
             with contextlib.suppress(ProcessLookupError, PermissionError):
+                in_group = group is not None and os.getpgid(pid) == group
                 os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
+                if not in_group:
+                    escaped.add(pid)
         if not found:
             break
-    return len(killed)
+    return len(escaped)
 
 
 def _pids(proc: Path) -> list[int]:
