@@ -9,7 +9,7 @@ OpenSSL reads the rest.
 
 from __future__ import annotations
 
-__all__ = ["MAX_CLIENT_HELLO_BYTES", "RECORD_HEADER", "client_hello_needs"]
+__all__ = ["MAX_CLIENT_HELLO_BYTES", "MAX_RECORD", "RECORD_HEADER", "client_hello_needs"]
 
 #: A record's header: content type, legacy version (3, x), length.
 RECORD_HEADER = 5

@@ -11,7 +11,7 @@ from protocol import Keepalive, Limits
 
 from .callerlimit import DEFAULT_MAX_CALLER_CONNECTIONS
 from .errors import ConfigError
-from .handshakes import DEFAULT_GRACE, DEFAULT_HANDSHAKES, DEFAULT_HELD
+from .handshakes import DEFAULT_GRACE, DEFAULT_HANDSHAKES, DEFAULT_HELD, DEFAULT_TIMEOUT
 
 __all__ = [
     "CommandSettings",
@@ -95,7 +95,7 @@ class TunnelSettings:
     #: Seconds a handshake runs before it may be abandoned for another address's.
     tls_handshake_grace: float = DEFAULT_GRACE
     #: Seconds from accept by which a connection's handshake must be done.
-    tls_handshake_timeout: float = 10.0
+    tls_handshake_timeout: float = DEFAULT_TIMEOUT
     #: Bytes asyncio reads from a TLS socket at once. CPython's default of 256 KiB
     #: is allocated per connection and dominates an idle agent's cost
     #: (docs/benchmarks.md, "Idle agents"); 64 KiB is four TLS records. Only for

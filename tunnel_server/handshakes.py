@@ -49,6 +49,7 @@ __all__ = [
     "DEFAULT_GRACE",
     "DEFAULT_HANDSHAKES",
     "DEFAULT_HELD",
+    "DEFAULT_TIMEOUT",
     "HandshakeAdmission",
     "Schedule",
     "source_of",
@@ -63,6 +64,8 @@ DEFAULT_HELD = 4096
 #: address's connection: many round trips on the slowest links, and far more
 #: than the server's own part takes, even while a reconnect storm runs.
 DEFAULT_GRACE = 2.0
+#: Seconds from a connection's accept by which its handshake must be done.
+DEFAULT_TIMEOUT = 10.0
 
 C = TypeVar("C", bound=Hashable)
 

@@ -24,8 +24,14 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from .clienthello import RECORD_HEADER, client_hello_needs
-from .handshakes import DEFAULT_GRACE, DEFAULT_HELD, HandshakeAdmission
+from .clienthello import MAX_RECORD, RECORD_HEADER, client_hello_needs
+from .handshakes import (
+    DEFAULT_GRACE,
+    DEFAULT_HANDSHAKES,
+    DEFAULT_HELD,
+    DEFAULT_TIMEOUT,
+    HandshakeAdmission,
+)
 
 __all__ = ["BoundedTlsListener"]
 
@@ -33,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 #: Bytes looked at on a connection's first wake: one whole record, commonly
 #: the whole ClientHello.
-_FIRST_LOOK = RECORD_HEADER + 2**14
+_FIRST_LOOK = RECORD_HEADER + MAX_RECORD
 #: The least of its deadline a connection keeps for its handshake itself: one
 #: still waiting for its ClientHello or a slot this close to it is closed.
 _LEAST_HANDSHAKE_TIME = 1.0
@@ -70,8 +76,9 @@ class _Handshaking(asyncio.Protocol):
 
     The handshake's task resumes a turn of the loop after the handshake is
     done; this tells the listener at once, so that the slot is not abandoned
-    in between, and hands the transport to the served protocol, so that it
-    costs nothing after.
+    in between. A TLS transport calls its protocol first with
+    ``connection_made``, when the handshake is done; that hands the transport
+    to the served protocol, which every later call reaches directly.
     """
 
     def __init__(self, inner: asyncio.Protocol, done: Callable[[], None]) -> None:
@@ -82,21 +89,6 @@ class _Handshaking(asyncio.Protocol):
         transport.set_protocol(self._inner)
         self._done()
         self._inner.connection_made(transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._inner.connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        self._inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self._inner.eof_received()
-
-    def pause_writing(self) -> None:
-        self._inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self._inner.resume_writing()
 
 
 class BoundedTlsListener:
@@ -109,8 +101,8 @@ class BoundedTlsListener:
         port: int,
         ssl_context: ssl.SSLContext,
         *,
-        limit: int = 64,
-        handshake_timeout: float = 10.0,
+        limit: int = DEFAULT_HANDSHAKES,
+        handshake_timeout: float = DEFAULT_TIMEOUT,
         held: int = DEFAULT_HELD,
         grace: float = DEFAULT_GRACE,
         backlog: int = 4096,
