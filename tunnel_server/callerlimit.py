@@ -165,7 +165,7 @@ class CallerConnections:
                 "limit per address (--max-caller-connections-per-address), each serving a "
                 "request; try again shortly"
             )
-        if self.open > self.limit or self._held[source] > self.per_address:
+        if self.open > self.limit:  # also when a share as large as the limit is passed
             return (
                 f"the tunnel server holds {self.limit} caller connections, its limit "
                 "(--max-caller-connections), each serving a request; try again shortly"
