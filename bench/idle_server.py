@@ -66,7 +66,7 @@ async def _plain_healthz(request: web.Request) -> web.Response:
 
 
 async def _plain_websocket(request: web.Request) -> web.StreamResponse:
-    # The agent socket's WebSocket settings (tunnel_server/agentsocket.py), no session on top.
+    # The agent socket's WebSocket settings (tunnel_server/agents/endpoint.py), no session on top.
     websocket = web.WebSocketResponse(
         timeout=2.0,
         max_msg_size=Limits().message_limit,
@@ -184,7 +184,7 @@ async def _serve_limited(settings: Any, limit: int) -> None:
     of every handshake advancing in lockstep (the proposed fix, measured).
     """
     from tunnel_server.app import create_app
-    from tunnel_server.context import utcnow
+    from tunnel_server.clock import utcnow
     from tunnel_server.statedir import prepare_state_dir
 
     identity = prepare_state_dir(settings, utcnow())

@@ -15,7 +15,7 @@ stack, used as the server and the agent use it. A ``tunnel_mux.Session``
 drives a sans-I/O ``protocol.Connection`` with the product's default limits
 and keepalive: the HELLO handshake, msgpack frames batched into WebSocket
 messages, per-stream and per-connection credit returned as data is read. The
-WebSocket settings are the server's (``tunnel_server/agentsocket.py``) and
+WebSocket settings are the server's (``tunnel_server/agents/endpoint.py``) and
 the agent's (``tunnel_agent/connector.py``): ``max_msg_size`` from the
 limits, no compression, no WebSocket heartbeat (the protocol's PING keeps
 the connection alive). Each stream is relayed with ``MuxStream.write`` and
@@ -309,7 +309,7 @@ _NEAR: web.AppKey[_Near] = web.AppKey("mux_floor_near", _Near)
 
 
 async def _far_end(request: web.Request) -> web.StreamResponse:
-    """The far end's WebSocket: a server-side session, as ``tunnel_server.agentsocket``."""
+    """The far end's WebSocket: a server-side session, as ``tunnel_server.agents.endpoint``."""
     near = request.app[_NEAR]
     if near.busy:
         raise web.HTTPConflict(text="a far end is connected already\n")

@@ -121,7 +121,7 @@ def _writes_marked(recorder: _Recorder, cls: type, point: str) -> None:
 def _install(recorder: _Recorder) -> None:
     from tunnel_agent.upstream_connection import UpstreamConnection
     from tunnel_mux.websocket import WebSocketTransport
-    from tunnel_server.frontdoor import FrontDoor
+    from tunnel_server.edge.frontdoor import FrontDoor
 
     _before(recorder, FrontDoor, "data_received", "caller_in")
     _before(recorder, FrontDoor, "_write", "caller_out")

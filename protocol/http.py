@@ -39,6 +39,7 @@ __all__ = [
     "ResponseHead",
     "ResponseHeadParser",
     "encode_response_head",
+    "parse_content_length",
 ]
 
 #: Headers of one connection, never relayed to the next (RFC 9110, 7.6.1).
@@ -272,3 +273,11 @@ _BAD_HEADER = "a header must be a [name, value] pair of safe strings"
 _NAME_PATTERN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,256}"
 _TOKENS = re.compile(f"{_NAME_PATTERN}(?: {_NAME_PATTERN})*")
 _UNSAFE_VALUE = re.compile(r"[\r\n\0]")
+
+
+_DIGITS = re.compile(r"[0-9]{1,15}")
+
+
+def parse_content_length(value: str) -> int | None:
+    """A Content-Length value as a number, or None if it is not 1-15 ASCII digits."""
+    return int(value) if _DIGITS.fullmatch(value) is not None else None

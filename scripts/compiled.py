@@ -47,7 +47,7 @@ def built_files(root: Path = ROOT) -> list[Path]:
     return sorted(
         path
         for package in root.glob("*/__init__.py")
-        for path in package.parent.iterdir()
+        for path in package.parent.rglob("*")
         if any(path.name.endswith(suffix) for suffix in EXTENSION_SUFFIXES)
     )
 

@@ -1,11 +1,19 @@
-"""Each package imports only what its layer allows (STYLE.md, "Layers")."""
+"""Each package imports only what its layer allows (STYLE.md, "Layers").
+
+The contracts docs/architecture.md states live in pyproject.toml
+(``[tool.importlinter]``) and are checked here by import-linter; the
+third-party allowances per package, and the absence of import cycles, are
+checked by this module itself.
+"""
 
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
+import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,3 +96,43 @@ def test_protocol_is_sans_io() -> None:
         if module.split(".")[0] in IO_MODULES or module.split(".")[0] in ("aiohttp", "websockets")
     ]
     assert offending == []
+
+
+def test_import_linter_contracts_hold() -> None:
+    """pyproject.toml's contracts: sans-I/O protocol, agent and server apart, the
+    shared packages below both, and the server's edge and relay in their rooms."""
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+#: Imports under TYPE_CHECKING that name the object which owns and drives the
+#: importing one (a stream's session, the connection whose frames a handler
+#: applies): annotations of a parent handed to its child, compiled by mypyc
+#: into direct attribute access. The only back references allowed.
+TYPE_ONLY_PARENTS = {
+    ("protocol.handlers", "protocol.connection"),
+    ("tunnel_mux.stream", "tunnel_mux.session"),
+}
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_modules_import_each_other_one_way(package: str) -> None:
+    """No circle of imports inside a package, those under TYPE_CHECKING included."""
+    graph = grimp.build_graph(package)
+    for importer, imported in TYPE_ONLY_PARENTS:
+        if importer.startswith(package + "."):
+            graph.remove_import(importer=importer, imported=imported)
+    circles = []
+    for module in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            back = graph.find_shortest_chain(importer=imported, imported=module)
+            if back is not None:
+                circles.append(" -> ".join((module, *back)))
+    assert circles == []

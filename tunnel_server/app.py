@@ -14,17 +14,21 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from tunnel_cli import freeze_startup_objects
 from tunnel_pki.tls import server_context
-
-from .access import AccessCache
-from .agentsocket import setup_agent_socket
-from .api import setup_api
-from .api_users import setup_user_api
-from .audit import AuditWriter
-from .bootstrap import BOOTSTRAP_PATH, bootstrap
-from .commands import CommandDispatcher, setup_command_api
-from .config import ServerSettings
-from .context import CONTEXT, ServerContext, utcnow
-from .errors import (
+from tunnel_server.access.cache import AccessCache
+from tunnel_server.agents.bootstrap import BOOTSTRAP_PATH, bootstrap
+from tunnel_server.agents.endpoint import setup_agent_socket
+from tunnel_server.agents.registry import AgentRegistry
+from tunnel_server.api.clusters import setup_api
+from tunnel_server.api.users import setup_user_api
+from tunnel_server.audit import AuditWriter
+from tunnel_server.clock import utcnow
+from tunnel_server.commands import CommandDispatcher, setup_command_api
+from tunnel_server.config import ServerSettings
+from tunnel_server.context import CONTEXT, ServerContext
+from tunnel_server.edge.fdlimit import raise_file_limit
+from tunnel_server.edge.frontdoor import LINGER_SECONDS, FrontDoor, FrontDoors
+from tunnel_server.edge.listener import BoundedTlsListener
+from tunnel_server.errors import (
     ApiError,
     ConfigError,
     ConflictError,
@@ -32,18 +36,14 @@ from .errors import (
     TooManyRequestsError,
     UnavailableError,
 )
-from .fdlimit import raise_file_limit
-from .frontdoor import LINGER_SECONDS, FrontDoor, FrontDoors
-from .kubeproxy import setup_kube_proxy
-from .listener import BoundedTlsListener
-from .live_requests import LiveRequests
-from .metrics import ServerMetrics
-from .proxyrequest import access_refusal
-from .registry import AgentRegistry
-from .retention import Pruner
-from .statedir import ServerIdentity, StateLock, ensure_admin, prepare_state_dir
-from .store.base import AlreadyExistsError, NotFoundError, QueueFullError, StoreError
-from .store.sqlite import SqliteStore
+from tunnel_server.metrics import ServerMetrics
+from tunnel_server.proxy.kubeproxy import setup_kube_proxy
+from tunnel_server.proxy.live_requests import LiveRequests
+from tunnel_server.proxy.request import access_refusal
+from tunnel_server.retention import Pruner
+from tunnel_server.statedir import ServerIdentity, StateLock, ensure_admin, prepare_state_dir
+from tunnel_server.store.base import AlreadyExistsError, NotFoundError, QueueFullError, StoreError
+from tunnel_server.store.sqlite import SqliteStore
 
 __all__ = ["create_app", "run_server", "set_tls_read_buffer", "start_server", "stop_server"]
 
@@ -125,7 +125,7 @@ async def _say_close(request: web.Request, response: web.StreamResponse) -> None
     What comes here is seldom repeated on a connection (tunnelctl's REST
     calls, a bootstrap, a probe, an upgrade, a request with a chunked body),
     and a connection kept alive here could not be closed to make room for
-    another caller (tunnel_server/callerlimit.py): one request at a time from
+    another caller (tunnel_server/edge/callerlimit.py): one request at a time from
     a flood of connections would otherwise hold them all. The exception is a
     program driving the REST API (submitting commands, say): a handshake per
     request halved its rate (docs/benchmarks.md, "Command dispatch"). Its

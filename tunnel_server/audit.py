@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
-from .store.base import AuditEvent, ProxyAuditRecord, Store, StoreError
+from tunnel_server.store.base import AuditEvent, ProxyAuditRecord, Store, StoreError
 
 __all__ = ["BATCH_DELAY", "AuditWriter"]
 

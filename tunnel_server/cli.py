@@ -18,9 +18,8 @@ from tunnel_cli import (
     parse_duration,
     run_main,
 )
-
-from . import __version__
-from .config import (
+from tunnel_server import __version__
+from tunnel_server.config import (
     MAX_API_TOKEN_TTL,
     MIN_API_TOKEN_TTL,
     CommandSettings,
@@ -30,8 +29,8 @@ from .config import (
     TlsSettings,
     TunnelSettings,
 )
-from .errors import ConfigError
-from .retention import MIN_RETENTION
+from tunnel_server.errors import ConfigError
+from tunnel_server.retention import MIN_RETENTION
 
 __all__ = ["build_parser", "main", "settings_from_args"]
 
@@ -328,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         configure_logging(args.log_format, args.log_level)
         settings = settings_from_args(args)
-        from .app import run_server
+        from tunnel_server.app import run_server
 
         run_main(run_server(settings), args.event_loop)
     except TunnelError as exc:

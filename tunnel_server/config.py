@@ -8,10 +8,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from protocol import Keepalive, Limits
-
-from .callerlimit import DEFAULT_MAX_CALLER_CONNECTIONS
-from .errors import ConfigError
-from .handshakes import DEFAULT_GRACE, DEFAULT_HANDSHAKES, DEFAULT_HELD, DEFAULT_TIMEOUT
+from tunnel_server.edge.callerlimit import DEFAULT_MAX_CALLER_CONNECTIONS
+from tunnel_server.edge.handshakes import (
+    DEFAULT_GRACE,
+    DEFAULT_HANDSHAKES,
+    DEFAULT_HELD,
+    DEFAULT_TIMEOUT,
+)
+from tunnel_server.errors import ConfigError
 
 __all__ = [
     "CommandSettings",
@@ -87,7 +91,7 @@ class TunnelSettings:
     shutdown_grace: float = 30.0
     #: How long a replaced agent's open streams may finish.
     replace_grace: float = 10.0
-    #: TLS handshakes in progress at once (tunnel_server/handshakes.py).
+    #: TLS handshakes in progress at once (tunnel_server/edge/handshakes.py).
     max_tls_handshakes: int = DEFAULT_HANDSHAKES
     #: Connections accepted whose handshake has not started (waiting for their
     #: ClientHello or a slot); past it, the oldest of the busiest address goes.
@@ -112,7 +116,7 @@ class TunnelSettings:
     #: Proxied requests one user may have in progress on one cluster: half the
     #: streams a session carries, so no one user can take them all.
     max_requests_per_user: int = 1024
-    #: Connections callers (not agents) may hold open at once (tunnel_server/callerlimit.py).
+    #: Connections callers (not agents) may hold open at once (tunnel_server/edge/callerlimit.py).
     max_caller_connections: int = DEFAULT_MAX_CALLER_CONNECTIONS
     #: The most of them one source address holds (None: half of them).
     max_caller_connections_per_address: int | None = None

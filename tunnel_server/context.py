@@ -1,30 +1,33 @@
-"""What every request handler of the server shares, under one app key."""
+"""What every request handler of the server shares, under one app key.
+
+A plain container: the server's parts (store, registry, access cache, live
+requests, audit writer, command dispatcher, metrics) are built by
+:mod:`tunnel_server.app` and handed to the handlers in one
+:class:`ServerContext`. None of those parts imports this module; the
+handlers (the edge, the proxy, the APIs) do.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from .access import AccessCache
-from .audit import AuditWriter
-from .config import ServerSettings
-from .live_requests import LiveRequests
-from .metrics import ServerMetrics
-from .registry import AgentRegistry
-from .statedir import ServerIdentity
-from .store.base import Store
+from tunnel_server.access.cache import AccessCache
+from tunnel_server.agents.registry import AgentRegistry
+from tunnel_server.audit import AuditWriter
+from tunnel_server.clock import utcnow
+from tunnel_server.config import ServerSettings
+from tunnel_server.metrics import ServerMetrics
+from tunnel_server.proxy.live_requests import LiveRequests
+from tunnel_server.statedir import ServerIdentity
+from tunnel_server.store.base import Store
 
 if TYPE_CHECKING:
-    from .commands.dispatcher import CommandDispatcher
+    from tunnel_server.commands.dispatcher import CommandDispatcher
 
-__all__ = ["CONTEXT", "ServerContext", "utcnow"]
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
+__all__ = ["CONTEXT", "ServerContext"]
 
 
 @dataclass(slots=True)

@@ -23,9 +23,8 @@ from prometheus_client.utils import floatToGoString
 
 from tunnel_mux import Session
 from tunnel_mux.metrics import SessionCollector
-
-from .callerlimit import CallerConnections
-from .handshakes import HandshakeAdmission
+from tunnel_server.edge.callerlimit import CallerConnections
+from tunnel_server.edge.handshakes import HandshakeAdmission
 
 __all__ = [
     "KNOWN_VERBS",

@@ -24,9 +24,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .context import utcnow
-from .store.base import Store, StoreError
-from .store.commands import PRUNE_BATCH
+from tunnel_server.clock import utcnow
+from tunnel_server.store.base import Store, StoreError
+from tunnel_server.store.commands import PRUNE_BATCH
 
 __all__ = ["MIN_RETENTION", "Pruned", "Pruner"]
 

@@ -28,10 +28,9 @@ from tunnel_pki.ca import CertificateAuthority
 from tunnel_pki.certs import certificate_pem, load_certificate, load_certificate_bundle
 from tunnel_pki.errors import PkiError
 from tunnel_pki.files import write_private_file
-
-from .config import ServerSettings
-from .errors import ConfigError
-from .store.base import AlreadyExistsError, Store, hash_token
+from tunnel_server.config import ServerSettings
+from tunnel_server.errors import ConfigError
+from tunnel_server.store.base import AlreadyExistsError, Store, hash_token
 
 __all__ = [
     "LOCK_FILE",

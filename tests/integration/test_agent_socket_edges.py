@@ -34,9 +34,9 @@ from tunnel_pki.certs import load_certificate
 from tunnel_pki.csr import make_csr
 from tunnel_pki.keys import generate_private_key, private_key_to_pem
 from tunnel_pki.tls import client_context
-from tunnel_server.agentsocket import REVOKED_SESSION
+from tunnel_server.agents.endpoint import REVOKED_SESSION
+from tunnel_server.clock import utcnow
 from tunnel_server.commands import dispatcher as dispatcher_module
-from tunnel_server.context import utcnow
 
 from ..protocol.pair import READ_ALL, of_type
 from ..support import until
@@ -179,8 +179,8 @@ async def test_a_session_whose_certificate_stands_is_renewed(server: RunningServ
 async def test_the_version_an_agent_announces_cannot_forge_log_lines(
     server: RunningServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    forged = "1.0\n2026-11-27 00:00:00,000 WARNING tunnel_server.api: cluster deleted"
-    with caplog.at_level(logging.INFO, logger="tunnel_server.agentsocket"):
+    forged = "1.0\n2026-11-27 00:00:00,000 WARNING tunnel_server.api.clusters: cluster deleted"
+    with caplog.at_level(logging.INFO, logger="tunnel_server.agents.endpoint"):
         async with attached(server, "prod", forged):
             status, view = await server.api("GET", "/api/v1/clusters/prod")
     assert status == 200

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from tunnel_pki.tls import client_context
+from tunnel_server.clock import utcnow
 from tunnel_server.config import CommandSettings, ServerSettings
-from tunnel_server.context import utcnow
 
 from ..support import until
 from .commands_support import Script, command, command_agent, records_of

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from tunnel_pki.tls import client_context
+from tunnel_server.clock import utcnow
 from tunnel_server.commands import api as commands_api
-from tunnel_server.context import utcnow
 from tunnel_server.store import StoreError
 
 from ..support import until

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunnel_server import httpjson
+from tunnel_server.api import httpjson
 
 from ..tunnel_server.frontdoor_support import caller
 from .harness import RunningServer

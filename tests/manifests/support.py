@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from tunnel_server.manifest import render_agent_manifest
+from tunnel_server.agents.manifest import render_agent_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE_MANIFESTS = REPO / "tunnel_server" / "manifests"

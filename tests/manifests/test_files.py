@@ -42,7 +42,7 @@ RESOURCE_FILES = _resource_files()
 
 
 def test_the_trees_hold_the_expected_kustomizations() -> None:
-    """The layout the README and tunnel_server/manifest.py rely on is there."""
+    """The layout the README and tunnel_server/agents/manifest.py rely on is there."""
     expected = {
         PACKAGE_MANIFESTS / "agent" / "base",
         PACKAGE_MANIFESTS / "agent" / "namespace-access",

@@ -1,4 +1,4 @@
-"""tunnel_server.manifest renders exactly what kustomize builds from the same files and values.
+"""The agent manifest renderer gives exactly what kustomize builds from the same files and values.
 
 The renderer reads tunnel_server/manifests and applies the same overlays,
 patches and replacements in Python; these tests build manifests/agent/<variant>
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tunnel_server import manifest
-from tunnel_server.manifest import AGENT_NAMESPACE, ManifestError, render_agent_manifest
+from tunnel_server.agents import manifest
+from tunnel_server.agents.manifest import AGENT_NAMESPACE, ManifestError, render_agent_manifest
 
 from .support import (
     PACKAGE_MANIFESTS,
@@ -166,7 +166,7 @@ def test_refusals_never_echo_secrets() -> None:
     [
         (
             lambda k: k.update(namePrefix="x-"),
-            "namePrefix, which tunnel_server/manifest.py does not implement",
+            "namePrefix, which tunnel_server/agents/manifest.py does not implement",
         ),
         (
             lambda k: k["patches"][0].update(patch="spec:\n  replicas: 2\n"),

@@ -15,8 +15,8 @@ import pytest
 from tests.e2e.test_kubectl_tunnel import Tunnel
 from tunnel_pki.tls import client_context, server_context
 from tunnel_server.app import FRONT_DOORS
-from tunnel_server.callerlimit import DEFAULT_MAX_CALLER_CONNECTIONS
-from tunnel_server.frontdoor import KEEPALIVE_TIMEOUT, FrontDoor, FrontDoors
+from tunnel_server.edge.callerlimit import DEFAULT_MAX_CALLER_CONNECTIONS
+from tunnel_server.edge.frontdoor import KEEPALIVE_TIMEOUT, FrontDoor, FrontDoors
 
 from ..integration.harness import RunningServer
 

@@ -6,7 +6,7 @@ import asyncio
 from datetime import UTC, datetime
 from typing import cast
 
-from tunnel_server.access import AccessCache
+from tunnel_server.access.cache import AccessCache
 from tunnel_server.store.base import Store, User
 
 from ..support import ManualClock

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunnel_server.callerlimit import CallerConnections
+from tunnel_server.edge.callerlimit import CallerConnections
 
 
 class Connection:

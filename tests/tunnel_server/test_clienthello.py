@@ -9,7 +9,7 @@ import pytest
 
 from tunnel_pki.ca import CertificateAuthority
 from tunnel_pki.tls import client_context
-from tunnel_server.clienthello import MAX_CLIENT_HELLO_BYTES, client_hello_needs
+from tunnel_server.edge.clienthello import MAX_CLIENT_HELLO_BYTES, client_hello_needs
 
 from ..slow_clients import NOT_CLIENT_HELLOS
 

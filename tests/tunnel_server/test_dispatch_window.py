@@ -8,8 +8,8 @@ from typing import Any, cast
 
 import pytest
 
+from tunnel_server.agents.registry import AgentConnection
 from tunnel_server.commands.dispatcher import OFFER_WINDOW, CommandDispatcher
-from tunnel_server.registry import AgentConnection
 from tunnel_server.store.base import StoreError
 from tunnel_server.store.commands import CommandRecord
 

@@ -16,7 +16,7 @@ def run_with_soft_limit(soft: int, connections: int) -> subprocess.CompletedProc
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, hard))
-        from tunnel_server.fdlimit import raise_file_limit
+        from tunnel_server.edge.fdlimit import raise_file_limit
         print(raise_file_limit({connections}), hard)
         """
     )

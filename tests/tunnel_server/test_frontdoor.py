@@ -18,8 +18,8 @@ import pytest
 
 from tests.e2e import test_kubectl_tunnel as kubectl_e2e
 from tests.e2e.test_kubectl_tunnel import Tunnel
-from tunnel_server import frontdoor
-from tunnel_server.http1 import MAX_HEAD, chunk
+from tunnel_server.edge import frontdoor
+from tunnel_server.edge.http1 import MAX_HEAD, chunk
 from tunnel_server.store.base import StoreError, User
 
 from ..integration.harness import RunningServer

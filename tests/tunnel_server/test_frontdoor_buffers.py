@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tunnel_server.frontdoor_buffers import BODY_HIGH_WATER, RequestBody
+from tunnel_server.edge.buffers import BODY_HIGH_WATER, RequestBody
 
 
 class Socket:

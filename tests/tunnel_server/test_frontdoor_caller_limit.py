@@ -20,8 +20,8 @@ from tests.e2e.test_kubectl_tunnel import Tunnel
 from tunnel_agent.credentials import DirectoryCredentialStore
 from tunnel_pki.tls import client_context
 from tunnel_server.app import API_KEEPALIVE
-from tunnel_server.callerlimit import MAX_CONNECTIONS_PER_AGENT
-from tunnel_server.frontdoor import KEEPALIVE_TIMEOUT
+from tunnel_server.edge.callerlimit import MAX_CONNECTIONS_PER_AGENT
+from tunnel_server.edge.frontdoor import KEEPALIVE_TIMEOUT
 
 from ..integration.harness import running_server, server_settings
 from ..integration.test_observability import server_metrics

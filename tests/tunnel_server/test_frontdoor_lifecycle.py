@@ -26,7 +26,7 @@ from tunnel_agent.kubeproxy import KubeProxy
 from tunnel_agent.policy import ProxyPolicy
 from tunnel_agent.router import StreamRouter
 from tunnel_mux import MuxStream, Session
-from tunnel_server.http1 import chunk
+from tunnel_server.edge.http1 import chunk
 
 from ..integration.harness import agent_settings, running_agent
 from ..support import until

@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e import test_kubectl_tunnel as kubectl_e2e
 from tests.e2e.test_kubectl_tunnel import Tunnel
-from tunnel_server.access import AccessCache
+from tunnel_server.access.cache import AccessCache
 from tunnel_server.store.base import User
 
 from ..support import ManualClock, until

@@ -15,8 +15,8 @@ from typing import cast
 from tests.e2e import test_kubectl_tunnel as kubectl_e2e
 from tests.e2e.test_kubectl_tunnel import Tunnel
 from tunnel_pki.tls import client_context
-from tunnel_server.frontdoor import FrontDoor
-from tunnel_server.http1 import MAX_HEAD
+from tunnel_server.edge.frontdoor import FrontDoor
+from tunnel_server.edge.http1 import MAX_HEAD
 
 from ..support import until
 from .frontdoor_support import PODS, Caller, assert_status_object, caller, open_doors, request

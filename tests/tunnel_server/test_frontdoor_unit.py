@@ -9,9 +9,9 @@ from typing import Any
 import uvloop
 from aiohttp import web
 
-from tunnel_server.callerlimit import CountedProtocol
-from tunnel_server.frontdoor import FrontDoor, FrontDoors
-from tunnel_server.frontdoor_buffers import JOIN_LIMIT, AnswerOutput
+from tunnel_server.edge.buffers import JOIN_LIMIT, AnswerOutput
+from tunnel_server.edge.callerlimit import CountedProtocol
+from tunnel_server.edge.frontdoor import FrontDoor, FrontDoors
 
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from tunnel_server.handshakes import HandshakeAdmission, Schedule, _Tally, source_of
+from tunnel_server.edge.handshakes import HandshakeAdmission, Schedule, _Tally, source_of
 
 A = "192.0.2.1"
 B = "192.0.2.2"

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tunnel_server.http1 import (
+from tunnel_server.edge.http1 import (
     CACHED_BLOCK,
     MAX_HEAD,
     MAX_TARGET,
@@ -18,7 +18,7 @@ from tunnel_server.http1 import (
     response_head,
 )
 
-MAX_HEADER_LINES = 128  # tunnel_server.http1.MAX_HEADER_LINES (not public)
+MAX_HEADER_LINES = 128  # tunnel_server.edge.http1.MAX_HEADER_LINES (not public)
 
 
 def head(request_line: str, *headers: str) -> bytes:

@@ -17,10 +17,10 @@ from typing import Any, cast
 
 import pytest
 
+from tunnel_server.agents.registry import AgentConnection, AgentRegistry
 from tunnel_server.audit import AuditWriter
 from tunnel_server.commands.dispatcher import CommandDispatcher
 from tunnel_server.config import CommandSettings
-from tunnel_server.registry import AgentConnection, AgentRegistry
 from tunnel_server.store import SqliteStore
 from tunnel_server.store.commands import NewCommand
 

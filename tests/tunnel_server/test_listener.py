@@ -14,7 +14,7 @@ import pytest
 
 from tunnel_pki.ca import CertificateAuthority
 from tunnel_pki.tls import client_context, server_context
-from tunnel_server.listener import BoundedTlsListener
+from tunnel_server.edge.listener import BoundedTlsListener
 
 from ..slow_clients import (
     NOT_CLIENT_HELLOS,

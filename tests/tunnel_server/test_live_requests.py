@@ -17,10 +17,12 @@ import pytest
 from protocol.errors import ErrorCode
 from protocol.kinds import HTTP_ACCESS_REVOKED
 from tunnel_mux import MuxStream, SessionClosedError, SessionError, StreamResetError
-from tunnel_server.access import AccessCache
-from tunnel_server.live_requests import Credential, LiveRequests
-from tunnel_server.proxyrefusal import dropped_refusal, revocation_event
-from tunnel_server.proxyrequest import ProxyExchange, access_refusal
+from tunnel_server.access.cache import AccessCache
+from tunnel_server.proxy.credential import Credential
+from tunnel_server.proxy.exchange import ProxyExchange
+from tunnel_server.proxy.live_requests import LiveRequests
+from tunnel_server.proxy.refusal import dropped_refusal, revocation_event
+from tunnel_server.proxy.request import access_refusal
 from tunnel_server.store.base import Store, StoreError, User, hash_token
 
 from ..e2e import test_kubectl_tunnel as kubectl_e2e
@@ -258,7 +260,7 @@ async def test_a_store_that_cannot_be_read_ends_nothing_and_is_reported_once(
     assert await live.check() == 0
 
     assert all(fake.resets == [] for fake, _ in streams)
-    [warning] = [r for r in caplog.records if r.name == "tunnel_server.live_requests"]
+    [warning] = [r for r in caplog.records if r.name == "tunnel_server.proxy.live_requests"]
     assert "2 credential(s)" in warning.getMessage()
     assert "the state store is locked" in warning.getMessage()
 
@@ -407,7 +409,7 @@ def watch_exchange() -> ProxyExchange:
 
 
 def test_a_revoked_json_watch_ends_with_the_api_servers_error_event() -> None:
-    event = revocation_event(revoked(), watch_exchange(), JSON, between_events=True)
+    event = revocation_event(revoked(), watch_exchange().verb, JSON, between_events=True)
 
     assert event is not None
     assert event.endswith(b"\n")
@@ -444,7 +446,7 @@ def test_any_other_end_is_cut_without_an_event(
 ) -> None:
     exchange = watch_exchange()
     exchange.verb = verb
-    assert revocation_event(error, exchange, headers, between_events) is None
+    assert revocation_event(error, exchange.verb, headers, between_events) is None
 
 
 def test_a_request_revoked_before_its_answer_is_refused_with_403_and_why() -> None:

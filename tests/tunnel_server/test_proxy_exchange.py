@@ -7,8 +7,8 @@ import io
 from protocol import kinds
 from tunnel_mux import SessionClosedError, StreamResetError
 from tunnel_server.ctl.output import print_table
-from tunnel_server.proxyrefusal import ProxyRefusal
-from tunnel_server.proxyrequest import MAX_ENDED_CHARS, ProxyExchange
+from tunnel_server.proxy.exchange import MAX_ENDED_CHARS, ProxyExchange
+from tunnel_server.proxy.refusal import ProxyRefusal
 
 
 def exchange() -> ProxyExchange:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tunnel_kube import warning_header
-from tunnel_server.proxyrefusal import ProxyRefusal, offline_refusal
+from tunnel_server.proxy.refusal import ProxyRefusal, offline_refusal
 
 CLUSTER = "/k8s/clusters/prod-eu"
 

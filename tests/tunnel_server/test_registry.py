@@ -10,8 +10,8 @@ from typing import cast
 import pytest
 
 from tunnel_mux import Session
-from tunnel_server.proxyrefusal import RECONNECT_EXPECTED, offline_refusal
-from tunnel_server.registry import AgentConnection, AgentRegistry
+from tunnel_server.agents.registry import AgentConnection, AgentRegistry
+from tunnel_server.proxy.refusal import RECONNECT_EXPECTED, offline_refusal
 
 
 @dataclass

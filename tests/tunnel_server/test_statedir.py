@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tunnel_server.app import start_server
-from tunnel_server.context import utcnow
+from tunnel_server.clock import utcnow
 from tunnel_server.errors import ConfigError
 from tunnel_server.statedir import PRIVATE_FILES, prepare_state_dir
 

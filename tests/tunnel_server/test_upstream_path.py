@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from tunnel_server.proxyrefusal import ProxyRefusal
-from tunnel_server.proxyrequest import upstream_path
+from tunnel_server.proxy.refusal import ProxyRefusal
+from tunnel_server.proxy.request import upstream_path
 
 CLUSTER = "/k8s/clusters/prod"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunnel_server.wsframes import CLOSE_POLICY, FrameBoundary, close_frame
+from tunnel_server.proxy.wsframes import CLOSE_POLICY, FrameBoundary, close_frame
 
 
 def frame(payload: bytes, *, opcode: int = 0x2, masked: bool = False) -> bytes:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .context import CONTEXT
-from .errors import ForbiddenError, UnauthorizedError
-from .store.base import User
+from tunnel_server.context import CONTEXT
+from tunnel_server.errors import ForbiddenError, UnauthorizedError
+from tunnel_server.store.base import User
 
 __all__ = [
     "MAX_TOKEN_LENGTH",

@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
-from .store.base import Grant, NotFoundError, Store, User, hash_token
+from tunnel_server.store.base import Grant, NotFoundError, Store, User, hash_token
 
 __all__ = ["AccessCache"]
 

@@ -14,11 +14,17 @@ from protocol import kinds
 from tunnel_pki.csr import parse_csr
 from tunnel_pki.errors import PkiError
 from tunnel_pki.names import validate_cluster_name
-
-from .context import CONTEXT, utcnow
-from .errors import ApiError, BadRequestError, ConflictError, ForbiddenError, UnauthorizedError
-from .httpjson import json_response, read_json, require_str, timestamp
-from .store.base import (
+from tunnel_server.api.httpjson import json_response, read_json, require_str, timestamp
+from tunnel_server.clock import utcnow
+from tunnel_server.context import CONTEXT
+from tunnel_server.errors import (
+    ApiError,
+    BadRequestError,
+    ConflictError,
+    ForbiddenError,
+    UnauthorizedError,
+)
+from tunnel_server.store.base import (
     TokenClusterMismatchError,
     TokenExpiredError,
     TokenUnknownError,

@@ -31,12 +31,12 @@ from tunnel_mux import (
 )
 from tunnel_pki.errors import PkiError
 from tunnel_pki.identity import ClientIdentity, verify_client_certificate
-
-from . import __version__
-from .context import CONTEXT, ServerContext, utcnow
-from .errors import ApiError, ForbiddenError, UnauthorizedError, UnavailableError
-from .registry import AgentConnection
-from .store.base import NotFoundError, StoreError
+from tunnel_server import __version__
+from tunnel_server.agents.registry import AgentConnection
+from tunnel_server.clock import utcnow
+from tunnel_server.context import CONTEXT, ServerContext
+from tunnel_server.errors import ApiError, ForbiddenError, UnauthorizedError, UnavailableError
+from tunnel_server.store.base import NotFoundError, StoreError
 
 __all__ = ["AGENT_SOCKET_PATH", "agent_socket", "client_identity", "setup_agent_socket"]
 

@@ -35,8 +35,7 @@ import yaml
 
 from tunnel_pki.errors import PkiError
 from tunnel_pki.names import validate_cluster_name
-
-from .errors import ServerError
+from tunnel_server.errors import ServerError
 
 __all__ = [
     "AGENT_NAMESPACE",
@@ -248,7 +247,7 @@ def _kustomization(directory: str, kind: str) -> dict[str, Any]:
     if unknown:
         raise ManifestError(
             f"{directory}/kustomization.yaml uses {', '.join(sorted(unknown))}, "
-            "which tunnel_server/manifest.py does not implement"
+            "which tunnel_server/agents/manifest.py does not implement"
         )
     return kustomization
 

@@ -14,15 +14,15 @@ from aiohttp import web
 
 from tunnel_pki.errors import PkiError
 from tunnel_pki.names import validate_cluster_name
-
-from . import __version__
-from .auth import authenticate, confirm, require_admin
-from .context import CONTEXT, ServerContext, utcnow
-from .errors import BadRequestError, NotFoundApiError
-from .httpjson import json_response, read_json, require_str, timestamp
-from .manifest import ManifestError, render_agent_manifest, unservable
-from .statedir import new_token
-from .store.base import Cluster, NotFoundError, hash_token
+from tunnel_server import __version__
+from tunnel_server.access.auth import authenticate, confirm, require_admin
+from tunnel_server.agents.manifest import ManifestError, render_agent_manifest, unservable
+from tunnel_server.api.httpjson import json_response, read_json, require_str, timestamp
+from tunnel_server.clock import utcnow
+from tunnel_server.context import CONTEXT, ServerContext
+from tunnel_server.errors import BadRequestError, NotFoundApiError
+from tunnel_server.statedir import new_token
+from tunnel_server.store.base import Cluster, NotFoundError, hash_token
 
 __all__ = ["setup_api"]
 

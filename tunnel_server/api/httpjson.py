@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .errors import BadRequestError, PayloadTooLargeError, RequestTimeoutError
+from tunnel_server.errors import BadRequestError, PayloadTooLargeError, RequestTimeoutError
 
 __all__ = [
     "BODY_TIMEOUT",

@@ -14,15 +14,22 @@ import yaml
 from aiohttp import web
 
 from tunnel_cli import FlagError, describe_duration, parse_duration
-
-from .auth import authenticate, bearer_token, confirm, invalid_token, require_admin
-from .config import MAX_API_TOKEN_TTL, MIN_API_TOKEN_TTL
-from .context import CONTEXT, ServerContext, utcnow
-from .errors import ApiError, BadRequestError, ForbiddenError
-from .httpjson import json_response, read_json, require_str, timestamp
-from .proxyrequest import IDENTITY_PREFIX, ProxyExchange
-from .statedir import new_token
-from .store.base import AuditEvent, Grant, User, hash_token
+from tunnel_server.access.auth import (
+    authenticate,
+    bearer_token,
+    confirm,
+    invalid_token,
+    require_admin,
+)
+from tunnel_server.api.httpjson import json_response, read_json, require_str, timestamp
+from tunnel_server.clock import utcnow
+from tunnel_server.config import MAX_API_TOKEN_TTL, MIN_API_TOKEN_TTL
+from tunnel_server.context import CONTEXT, ServerContext
+from tunnel_server.errors import ApiError, BadRequestError, ForbiddenError
+from tunnel_server.proxy.exchange import ProxyExchange
+from tunnel_server.proxy.request import IDENTITY_PREFIX
+from tunnel_server.statedir import new_token
+from tunnel_server.store.base import AuditEvent, Grant, User, hash_token
 
 __all__ = ["setup_user_api", "validate_principal"]
 

@@ -17,15 +17,19 @@ import yaml
 from aiohttp import web
 
 from tunnel_cli import describe_duration
-
-from ..auth import authenticate, confirm
-from ..context import CONTEXT, ServerContext
-from ..errors import BadRequestError, ForbiddenError, NotFoundApiError, TooManyRequestsError
-from ..httpjson import json_response, read_body, timestamp
-from ..store.base import NotFoundError, StoreError, User
-from ..store.commands import MAX_LIST, CommandRecord
-from .dispatcher import wait_for_change
-from .specs import SpecError, spec_facts
+from tunnel_server.access.auth import authenticate, confirm
+from tunnel_server.api.httpjson import json_response, read_body, timestamp
+from tunnel_server.commands.dispatcher import wait_for_change
+from tunnel_server.commands.specs import SpecError, spec_facts
+from tunnel_server.context import CONTEXT, ServerContext
+from tunnel_server.errors import (
+    BadRequestError,
+    ForbiddenError,
+    NotFoundApiError,
+    TooManyRequestsError,
+)
+from tunnel_server.store.base import NotFoundError, StoreError, User
+from tunnel_server.store.commands import MAX_LIST, CommandRecord
 
 __all__ = ["setup_command_api"]
 

@@ -26,15 +26,14 @@ from protocol import kinds
 from protocol.errors import LocalProtocolError, MalformedFrameError
 from protocol.records import RecordReader, encode_record
 from tunnel_mux import MuxStream, SessionError
-
-from ..access import AccessCache
-from ..audit import AuditWriter
-from ..config import CommandSettings
-from ..context import utcnow
-from ..metrics import ServerMetrics
-from ..registry import AgentConnection, AgentRegistry
-from ..store.base import AuditEvent, NotFoundError, Store
-from ..store.commands import CommandRecord, LapsedLease, NewCommand
+from tunnel_server.access.cache import AccessCache
+from tunnel_server.agents.registry import AgentConnection, AgentRegistry
+from tunnel_server.audit import AuditWriter
+from tunnel_server.clock import utcnow
+from tunnel_server.config import CommandSettings
+from tunnel_server.metrics import ServerMetrics
+from tunnel_server.store.base import AuditEvent, NotFoundError, Store
+from tunnel_server.store.commands import CommandRecord, LapsedLease, NewCommand
 
 __all__ = ["CommandDispatcher"]
 

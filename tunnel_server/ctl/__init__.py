@@ -6,6 +6,6 @@ It finds the server URL, the CA bundle to pin and its API token from
 (``TUNNELCTL_TOKEN_FILE``). Errors print as one line and exit non-zero.
 """
 
-from .main import main
+from tunnel_server.ctl.main import main
 
 __all__ = ["main"]

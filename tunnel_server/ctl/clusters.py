@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from .client import ApiClient, segment
-from .common import Subparsers, output_flag
-from .output import print_json, print_table
+from tunnel_server.ctl.client import ApiClient, segment
+from tunnel_server.ctl.common import Subparsers, output_flag
+from tunnel_server.ctl.output import print_json, print_table
 
 __all__ = ["register"]
 

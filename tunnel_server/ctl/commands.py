@@ -12,10 +12,9 @@ from urllib.parse import urlencode
 import yaml
 
 from tunnel_cli import printable, printable_line
-
-from .client import ApiClient, CtlError, segment
-from .common import Subparsers, output_flag
-from .output import print_json, print_table
+from tunnel_server.ctl.client import ApiClient, CtlError, segment
+from tunnel_server.ctl.common import Subparsers, output_flag
+from tunnel_server.ctl.output import print_json, print_table
 
 __all__ = ["register"]
 

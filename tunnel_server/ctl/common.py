@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from .client import ApiClient
+from tunnel_server.ctl.client import ApiClient
 
 __all__ = ["Command", "Subparsers", "output_flag"]
 

@@ -11,12 +11,11 @@ from protocol.errors import TunnelError
 from tunnel_cli import env_flag, printable
 from tunnel_pki.errors import PkiError
 from tunnel_pki.tls import client_context
-
-from .. import __version__
-from . import access, clusters
-from . import commands as commands_module
-from .client import ApiClient, CtlError
-from .common import Command
+from tunnel_server import __version__
+from tunnel_server.ctl import access, clusters
+from tunnel_server.ctl import commands as commands_module
+from tunnel_server.ctl.client import ApiClient, CtlError
+from tunnel_server.ctl.common import Command
 
 __all__ = ["build_parser", "main"]
 

@@ -67,7 +67,7 @@ class CallerConnections:
     """Counts the open caller connections, per source address too, and keeps the idle ones in order.
 
     ``source`` is the address a connection came from, as
-    :func:`tunnel_server.handshakes.source_of` counts it (IPv4, or IPv6 by
+    :func:`tunnel_server.edge.handshakes.source_of` counts it (IPv4, or IPv6 by
     /48); "" when unknown.
     """
 

@@ -1,7 +1,7 @@
 """How many bytes a TLS ClientHello needs, judged from the first bytes a client sent.
 
 The listener gives a connection a handshake slot only once its whole
-ClientHello is in (:mod:`tunnel_server.handshakes`), and closes at once a
+ClientHello is in (:mod:`tunnel_server.edge.handshakes`), and closes at once a
 connection whose first bytes are no ClientHello. This reads no further than
 the record layer and the handshake message's header (RFC 8446, 5.1 and 4);
 OpenSSL reads the rest.

@@ -28,13 +28,11 @@ from aiohttp import web
 from protocol.http import METHODS, ResponseHead
 from tunnel_kube.tcp_keepalive import enable_tcp_keepalive
 from tunnel_mux import MuxStream, SessionError
-
-from .agentanswer import AnswerFraming, answer_framing, read_response_head
-from .callerlimit import CountedProtocol, FrontDoors, peer_certificate_serial
-from .context import CONTEXT, ServerContext
-from .frontdoor_buffers import AnswerOutput, RequestBody
-from .handshakes import source_of
-from .http1 import (
+from tunnel_server.context import CONTEXT, ServerContext
+from tunnel_server.edge.buffers import AnswerOutput, RequestBody
+from tunnel_server.edge.callerlimit import CountedProtocol, FrontDoors, peer_certificate_serial
+from tunnel_server.edge.handshakes import source_of
+from tunnel_server.edge.http1 import (
     LAST_CHUNK,
     MAX_HEAD,
     CallerRequest,
@@ -44,16 +42,10 @@ from .http1 import (
     parse_request_head,
     response_head,
 )
-from .proxyrefusal import ProxyRefusal, revocation_event
-from .proxyrequest import (
-    CallerMemo,
-    ProxyExchange,
-    cluster_of,
-    finish,
-    open_relay,
-    release,
-    upload,
-)
+from tunnel_server.proxy.answer import AnswerFraming, answer_framing, read_response_head
+from tunnel_server.proxy.exchange import ProxyExchange
+from tunnel_server.proxy.refusal import ProxyRefusal, revocation_event
+from tunnel_server.proxy.request import CallerMemo, cluster_of, finish, open_relay, release, upload
 
 __all__ = ["KEEPALIVE_TIMEOUT", "FrontDoor", "FrontDoors"]
 
@@ -363,7 +355,7 @@ class FrontDoor(asyncio.Protocol):
             if body is not None:
                 relayed.uploader = self._loop.create_task(upload(body.read, stream, exchange))
             response, early = await read_response_head(stream, exchange)
-            framing = answer_framing(request, response, cluster)
+            framing = answer_framing(request.method, response, cluster)
             head_sent = True
             await self._relay_response(response, framing, early, stream, exchange)
         except ProxyRefusal as refusal:
@@ -428,7 +420,7 @@ class FrontDoor(asyncio.Protocol):
                     break
         except SessionError as exc:
             exchange.cut_short(exc)
-            event = revocation_event(exc, exchange, response.headers, between_events)
+            event = revocation_event(exc, exchange.verb, response.headers, between_events)
             if event is not None and chunked:
                 # Access revoked: the watch ends as the API server ends one, saying why.
                 out.add(chunk(event))

@@ -35,7 +35,7 @@ balancer that hides callers' addresses, every caller shares the balancer's
 and only the first two points hold: the balancer's own limits per address are
 the defence there.
 
-This module is the policy alone; :mod:`tunnel_server.listener` does the I/O.
+This module is the policy alone; :mod:`tunnel_server.edge.listener` does the I/O.
 """
 
 from __future__ import annotations

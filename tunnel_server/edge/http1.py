@@ -16,7 +16,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .errors import ServerError
+from protocol.http import parse_content_length
+from tunnel_server.errors import ServerError
 
 __all__ = [
     "CACHED_BLOCK",
@@ -28,7 +29,6 @@ __all__ = [
     "HeaderBlockCache",
     "MalformedRequestError",
     "chunk",
-    "parse_content_length",
     "parse_request_head",
     "response_head",
 ]
@@ -50,7 +50,6 @@ _REQUEST_LINE = re.compile(rf"([A-Z]{{1,16}}) ([\x21-\x7e]{{1,{MAX_TARGET}}}) HT
 _HEADER_LINE = re.compile(r"([!#$%&'*+\-.^_`|~0-9A-Za-z]{1,256}):(.*)")
 _VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 _REASON = re.compile(r"[\t\x20-\x7e]{1,128}")
-_DIGITS = re.compile(r"[0-9]{1,15}")
 _REASONS = {
     200: "OK",
     201: "Created",
@@ -290,11 +289,6 @@ def _parse_header_block(raw: bytes) -> _HeaderBlock:
         frozenset(token.strip() for token in connection.split(",")) if connection else frozenset()
     )
     return _HeaderBlock(tuple(headers), content_length, chunked, tokens, upgrade, expect, has_host)
-
-
-def parse_content_length(value: str) -> int | None:
-    """A Content-Length value as a number, or None if it is not 1-15 ASCII digits."""
-    return int(value) if _DIGITS.fullmatch(value) is not None else None
 
 
 def response_head(status: int, reason: str, headers: Iterable[tuple[str, str]]) -> bytes:

@@ -5,9 +5,9 @@ TLS handshakes together; when thousands of agents reconnect after a restart,
 none finishes for seconds and then hundreds do at once (docs/benchmarks.md,
 "Idle agents"). This listener runs at most ``limit`` handshakes at once.
 Which connections take those slots, and which are let go, is
-:mod:`tunnel_server.handshakes`' policy; this module does the I/O: it accepts
+:mod:`tunnel_server.edge.handshakes`' policy; this module does the I/O: it accepts
 every connection, has the kernel wake it when the connection's ClientHello
-is whole (:mod:`tunnel_server.clienthello`), starts and abandons handshakes
+is whole (:mod:`tunnel_server.edge.clienthello`), starts and abandons handshakes
 as the policy says, and closes a connection whose handshake is not done by
 its deadline.
 """
@@ -24,8 +24,8 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from .clienthello import MAX_RECORD, RECORD_HEADER, client_hello_needs
-from .handshakes import (
+from tunnel_server.edge.clienthello import MAX_RECORD, RECORD_HEADER, client_hello_needs
+from tunnel_server.edge.handshakes import (
     DEFAULT_GRACE,
     DEFAULT_HANDSHAKES,
     DEFAULT_HELD,

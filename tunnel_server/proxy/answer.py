@@ -11,12 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.errors import MalformedFrameError
-from protocol.http import ResponseHead, ResponseHeadParser
+from protocol.http import ResponseHead, ResponseHeadParser, parse_content_length
 from tunnel_mux import MuxStream, SessionError
-
-from .http1 import CallerRequest, parse_content_length
-from .proxyrefusal import ProxyRefusal, dropped_refusal
-from .proxyrequest import ProxyExchange, answer_headers
+from tunnel_server.proxy.exchange import ProxyExchange
+from tunnel_server.proxy.refusal import ProxyRefusal, dropped_refusal
+from tunnel_server.proxy.request import answer_headers
 
 __all__ = ["AnswerFraming", "answer_framing", "read_response_head"]
 
@@ -34,8 +33,8 @@ class AnswerFraming:
         self.length = length
 
 
-def answer_framing(request: CallerRequest, response: ResponseHead, cluster: str) -> AnswerFraming:
-    """The caller's headers and body framing for the agent's answer, or 502."""
+def answer_framing(method: str, response: ResponseHead, cluster: str) -> AnswerFraming:
+    """The caller's headers and body framing for the agent's answer to ``method``, or 502."""
     headers = answer_headers(response.headers, cluster)
     length: int | None = None
     for name, value in headers:
@@ -44,7 +43,7 @@ def answer_framing(request: CallerRequest, response: ResponseHead, cluster: str)
             if parsed is None or (length is not None and parsed != length):
                 raise ProxyRefusal(502, "BadGateway", "the agent's answer has an invalid length")
             length = parsed
-    if request.method == "HEAD" or response.status in (204, 304):
+    if method == "HEAD" or response.status in (204, 304):
         return AnswerFraming(headers, 0)
     if length is None:
         headers.append(("transfer-encoding", "chunked"))

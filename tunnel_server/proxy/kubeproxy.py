@@ -1,10 +1,10 @@
 """``/k8s/clusters/{cluster}/...`` through aiohttp: upgrades and unusual requests.
 
-Plain requests are served by the lean front end (:mod:`tunnel_server.frontdoor`);
+Plain requests are served by the lean front end (:mod:`tunnel_server.edge.frontdoor`);
 it hands aiohttp the connections it does not serve: upgrades (exec, attach,
 port-forward, relayed byte for byte after the 101), chunked request bodies,
 ``Expect``, HTTP/1.0 and malformed cluster names. Both share the checks of
-:mod:`tunnel_server.proxyrequest`: the caller's credentials never leave the
+:mod:`tunnel_server.proxy.request`: the caller's credentials never leave the
 server, the agent calls the API server with its own, impersonating
 ``tunnel:<user>``, and errors come back as Kubernetes ``Status`` objects.
 """
@@ -21,11 +21,11 @@ from protocol.errors import MalformedFrameError
 from protocol.http import ResponseHeadParser
 from tunnel_mux import MuxStream, SessionError
 from tunnel_mux.upgraded import UpgradedReader
-
-from .context import CONTEXT
-from .proxyrefusal import ProxyRefusal, dropped_refusal, revoked_reason
-from .proxyrequest import ProxyExchange, answer_headers, finish, open_relay, upload
-from .wsframes import CLOSE_GOING_AWAY, CLOSE_POLICY, FrameBoundary, close_frame
+from tunnel_server.context import CONTEXT
+from tunnel_server.proxy.exchange import ProxyExchange
+from tunnel_server.proxy.refusal import ProxyRefusal, dropped_refusal, revoked_reason
+from tunnel_server.proxy.request import answer_headers, finish, open_relay, upload
+from tunnel_server.proxy.wsframes import CLOSE_GOING_AWAY, CLOSE_POLICY, FrameBoundary, close_frame
 
 __all__ = ["PROXY_ROUTE", "setup_kube_proxy"]
 

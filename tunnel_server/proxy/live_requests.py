@@ -9,7 +9,7 @@ identity the cluster was told (``Impersonate-User``/``-Group``) must be the one
 the server would assert now. A request that fails is ended: its stream is
 reset (code ``HTTP_ACCESS_REVOKED``, the refusal as its reason), so the agent
 ends the request at the API server, and the front end tells the caller
-(:func:`tunnel_server.proxyrefusal.revocation_event`).
+(:func:`tunnel_server.proxy.refusal.revocation_event`).
 
 Changes made through this server's API apply at once: the API call returns
 after the requests of the user or cluster it changed were checked, and says
@@ -25,41 +25,21 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from protocol.kinds import HTTP_ACCESS_REVOKED
 from tunnel_mux import MuxStream
+from tunnel_server.access.cache import AccessCache
+from tunnel_server.proxy.credential import Credential
+from tunnel_server.proxy.exchange import ProxyExchange
+from tunnel_server.store.base import StoreError
 
-from .access import AccessCache
-from .store.base import StoreError
-
-if TYPE_CHECKING:
-    from .proxyrequest import ProxyExchange
-
-__all__ = ["RECHECK_INTERVAL", "Credential", "LiveRequests"]
+__all__ = ["RECHECK_INTERVAL", "LiveRequests"]
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between two checks of the live requests when nothing on this server
 #: changed access (the changes made elsewhere apply within this time).
 RECHECK_INTERVAL = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class Credential:
-    """What a proxied request was let through with; requests of one connection share it."""
-
-    #: The hash of the caller's API token (the token itself is not kept).
-    token_hash: str = field(repr=False)
-    #: The user the token named.
-    user: str
-    cluster: str
-    #: The caller's own ``Impersonate-*`` headers (names in lower case); usually none.
-    requested: tuple[tuple[str, str], ...]
-    #: The ``Impersonate-*`` headers forwarded: who the cluster was told the caller is
-    #: (a set: the order of the groups does not change who that is).
-    identity: frozenset[tuple[str, str]]
 
 
 class LiveRequests:

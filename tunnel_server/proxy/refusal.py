@@ -10,16 +10,11 @@ taken away, as the API server ends one.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from protocol import kinds
 from tunnel_kube import error_answer, parse_api_request, status_body, warning_header
 from tunnel_mux import SessionError, SessionTimeoutError, StreamResetError
-
-from .errors import ServerError
-
-if TYPE_CHECKING:
-    from .proxyrequest import ProxyExchange
+from tunnel_server.errors import ServerError
 
 __all__ = [
     "RECONNECT_EXPECTED",
@@ -144,13 +139,13 @@ def dropped_refusal(error: SessionError, cluster: str) -> ProxyRefusal:
 
 def revocation_event(
     error: SessionError,
-    exchange: ProxyExchange,
+    verb: str,
     headers: Iterable[tuple[str, str]],
     between_events: bool,
 ) -> bytes | None:
     """The last event of a JSON watch that access revoked, or None for any other end.
 
-    ``error`` ended the answer, whose head had ``headers`` (names in lower
+    ``error`` ended the answer to a request of ``verb``, whose head had ``headers`` (names in lower
     case); ``between_events``: what the caller got so far ends with a whole
     event (the API server ends each with a newline). The event is the
     ``ERROR`` with a 403 ``Status`` that the API server itself sends to end a
@@ -158,7 +153,7 @@ def revocation_event(
     only make the client report a decoding error: the answer is cut instead.
     """
     revoked = revoked_reason(error)
-    if revoked is None or exchange.verb != "watch" or not between_events:
+    if revoked is None or verb != "watch" or not between_events:
         return None
     content_type = next((value for name, value in headers if name == "content-type"), "")
     if not content_type.lower().startswith("application/json"):

@@ -1,13 +1,13 @@
 """What every proxied Kubernetes API request goes through, whoever parsed it.
 
 Two front ends serve ``/k8s/clusters/{cluster}/...``: the lean one
-(:mod:`tunnel_server.frontdoor`, plain requests) and aiohttp's route
-(:mod:`tunnel_server.kubeproxy`, upgrades and anything unusual). Both call
+(:mod:`tunnel_server.edge.frontdoor`, plain requests) and aiohttp's route
+(:mod:`tunnel_server.proxy.kubeproxy`, upgrades and anything unusual). Both call
 :func:`open_relay` to authenticate the caller, check the grant, rewrite the
 identity and open the ``http`` stream on the cluster's agent session, and
 :func:`finish` to record the metrics and the audit event; a refusal is a
-:class:`~tunnel_server.proxyrefusal.ProxyRefusal`, answered as a Kubernetes
-``Status`` (:mod:`tunnel_server.proxyrefusal`).
+:class:`~tunnel_server.proxy.refusal.ProxyRefusal`, answered as a Kubernetes
+``Status`` (:mod:`tunnel_server.proxy.refusal`).
 """
 
 from __future__ import annotations
@@ -22,24 +22,22 @@ from dataclasses import dataclass
 from protocol import kinds
 from protocol.errors import HeaderTooLargeError, LocalProtocolError
 from protocol.http import HOP_BY_HOP, RequestHead
-from tunnel_cli import printable
 from tunnel_kube import UNPLAIN_PATH, is_plain_path, parse_api_request
-from tunnel_mux import MuxStream, SessionClosedError, SessionError
-
-from .access import AccessCache
-from .auth import parse_bearer
-from .context import ServerContext
-from .errors import UnauthorizedError
-from .live_requests import Credential
-from .proxyrefusal import ProxyRefusal, offline_refusal, revoked_reason
-from .store.base import Grant, ProxyAuditRecord, StoreError, User, hash_token
+from tunnel_mux import MuxStream, SessionError
+from tunnel_server.access.auth import parse_bearer
+from tunnel_server.access.cache import AccessCache
+from tunnel_server.context import ServerContext
+from tunnel_server.errors import UnauthorizedError
+from tunnel_server.proxy.credential import Credential
+from tunnel_server.proxy.exchange import ProxyExchange
+from tunnel_server.proxy.refusal import ProxyRefusal, offline_refusal
+from tunnel_server.store.base import Grant, ProxyAuditRecord, StoreError, User, hash_token
 
 __all__ = [
     "DROPPED_RESPONSE_HEADERS",
     "HEAD_WITH_BODY",
     "IDENTITY_PREFIX",
     "CallerMemo",
-    "ProxyExchange",
     "access_refusal",
     "answer_headers",
     "cluster_of",
@@ -54,9 +52,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: The most of :attr:`ProxyExchange.ended` an audit event keeps.
-MAX_ENDED_CHARS = 512
 
 #: Every identity the server asserts in a cluster carries this prefix.
 IDENTITY_PREFIX = "tunnel:"
@@ -80,58 +75,6 @@ HEAD_WITH_BODY = (
 )
 # A cluster name as it appears, unencoded, in the path.
 _CLUSTER = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
-
-
-@dataclass(slots=True, init=False)
-class ProxyExchange:
-    """One proxied request, as its audit event and metrics record it."""
-
-    cluster: str
-    method: str
-    started: float
-    user: str | None
-    verb: str
-    path: str
-    status: int
-    bytes_in: int
-    bytes_out: int
-    #: Why the request ended without its whole answer: a refusal's message, or
-    #: what cut the answer short. Empty when it was answered in full.
-    ended: str
-    #: The request's stream, while the server's live requests hold it.
-    stream: MuxStream | None
-
-    def __init__(self, cluster: str, method: str) -> None:
-        self.cluster = cluster
-        self.method = method
-        self.started = time.monotonic()
-        self.user = None
-        self.verb = ""
-        self.path = ""
-        self.status = 0
-        self.bytes_in = 0
-        self.bytes_out = 0
-        self.ended = ""
-        self.stream = None
-
-    def refused(self, refusal: ProxyRefusal) -> None:
-        """The request is answered with ``refusal``'s status: both go in its audit event."""
-        self.status = refusal.code
-        self.ended = printable(refusal.message[:MAX_ENDED_CHARS])
-
-    def cut_short(self, why: str | BaseException) -> None:
-        """The answer began, and ``why`` ended it before its end.
-
-        Access revoked is said as such (the stream's reset says it only as a code).
-        """
-        if isinstance(why, SessionClosedError):
-            why = f"the session with the cluster's agent ended: {why}"
-        elif isinstance(why, SessionError):
-            revoked = revoked_reason(why)
-            why = f"access revoked: {revoked}" if revoked is not None else f"cut short: {why}"
-        # Bounded, and without the control characters an agent's reason may
-        # carry: the audit trail is read in terminals (tunnelctl audit).
-        self.ended = printable(str(why)[:MAX_ENDED_CHARS])
 
 
 def impersonation_headers(user: User, grant: Grant) -> list[tuple[str, str]]:
@@ -158,7 +101,7 @@ class CallerMemo:
 
     The lean front end keeps one per connection. kubectl sends the same
     header lines with every request on a connection, which its parse gives as
-    the same tuple (:class:`~tunnel_server.http1.HeaderBlockCache`); while it
+    the same tuple (:class:`~tunnel_server.edge.http1.HeaderBlockCache`); while it
     does, to the same cluster, the caller's user and the headers forwarded
     for it are those decided for the last request. Only until the access
     cache's answers it came from expire, and not after any change to users,

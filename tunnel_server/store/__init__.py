@@ -7,7 +7,7 @@ implement the same interface. Depends on ``protocol`` (for the error root) and
 the standard library only.
 """
 
-from .base import (
+from tunnel_server.store.base import (
     AUDIT_KINDS,
     MAX_AUDIT_LIMIT,
     AlreadyExistsError,
@@ -34,7 +34,7 @@ from .base import (
     User,
     hash_token,
 )
-from .sqlite import SqliteStore
+from tunnel_server.store.sqlite import SqliteStore
 
 __all__ = [
     "AUDIT_KINDS",

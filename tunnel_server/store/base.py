@@ -37,8 +37,7 @@ from types import TracebackType
 from typing import Any, Literal, NamedTuple
 
 from protocol.errors import TunnelError
-
-from .commands import PRUNE_BATCH, CommandStore
+from tunnel_server.store.commands import PRUNE_BATCH, CommandStore
 
 __all__ = [
     "AUDIT_KINDS",

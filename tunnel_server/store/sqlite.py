@@ -25,11 +25,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from . import sqlite_audit as audit_ops
-from . import sqlite_commands as cmd_ops
-from . import sqlite_ops as ops
-from . import sqlite_schema
-from .base import (
+from tunnel_server.store import sqlite_audit as audit_ops
+from tunnel_server.store import sqlite_commands as cmd_ops
+from tunnel_server.store import sqlite_ops as ops
+from tunnel_server.store import sqlite_schema
+from tunnel_server.store.base import (
     AlreadyExistsError,
     ApiToken,
     AuditEvent,
@@ -46,7 +46,7 @@ from .base import (
     StoreError,
     User,
 )
-from .commands import (
+from tunnel_server.store.commands import (
     PRUNE_BATCH,
     CommandLogLine,
     CommandRecord,
@@ -54,7 +54,7 @@ from .commands import (
     LapsedLease,
     NewCommand,
 )
-from .sqlite_worker import DatabaseWorker
+from tunnel_server.store.sqlite_worker import DatabaseWorker
 
 __all__ = ["THREAD_NICENESS", "SqliteStore"]
 

@@ -13,7 +13,7 @@ import sqlite3
 from dataclasses import replace
 from datetime import datetime
 
-from .base import (
+from tunnel_server.store.base import (
     MAX_AUDIT_LIMIT,
     AuditEvent,
     AuditKind,
@@ -21,7 +21,7 @@ from .base import (
     ProxyAuditRecord,
     StoreError,
 )
-from .sqlite_codec import (
+from tunnel_server.store.sqlite_codec import (
     audit_from_row,
     check_kind,
     encode_detail,
@@ -29,7 +29,7 @@ from .sqlite_codec import (
     optional_time,
     utc,
 )
-from .sqlite_schema import transaction
+from tunnel_server.store.sqlite_schema import transaction
 
 __all__ = [
     "add_audit",

@@ -12,7 +12,7 @@ import sqlite3
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from .base import (
+from tunnel_server.store.base import (
     AUDIT_KINDS,
     ApiToken,
     AuditEvent,

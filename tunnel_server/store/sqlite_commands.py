@@ -8,8 +8,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from .base import AlreadyExistsError, InvalidValueError, NotFoundError, QueueFullError
-from .commands import (
+from tunnel_server.store.base import (
+    AlreadyExistsError,
+    InvalidValueError,
+    NotFoundError,
+    QueueFullError,
+)
+from tunnel_server.store.commands import (
     ACTIVE_STATES,
     MAX_LIST,
     TERMINAL_STATES,
@@ -19,8 +24,8 @@ from .commands import (
     LapsedLease,
     NewCommand,
 )
-from .sqlite_codec import decode_time, encode_time
-from .sqlite_schema import transaction
+from tunnel_server.store.sqlite_codec import decode_time, encode_time
+from tunnel_server.store.sqlite_schema import transaction
 
 __all__ = [
     "add_command",

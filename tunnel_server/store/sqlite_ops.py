@@ -12,7 +12,7 @@ import sqlite3
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from .base import (
+from tunnel_server.store.base import (
     AlreadyExistsError,
     ApiToken,
     BootstrapToken,
@@ -26,7 +26,7 @@ from .base import (
     TokenUsedError,
     User,
 )
-from .sqlite_codec import (
+from tunnel_server.store.sqlite_codec import (
     api_token_from_row,
     bootstrap_token_from_row,
     certificate_from_row,
@@ -40,7 +40,7 @@ from .sqlite_codec import (
     user_from_row,
     utc,
 )
-from .sqlite_schema import transaction
+from tunnel_server.store.sqlite_schema import transaction
 
 __all__ = [
     "TOKEN_TOUCH_INTERVAL",

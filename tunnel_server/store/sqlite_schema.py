@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from .base import SchemaVersionError
+from tunnel_server.store.base import SchemaVersionError
 
 __all__ = ["MIGRATIONS", "Migration", "current_version", "migrate", "transaction"]
 

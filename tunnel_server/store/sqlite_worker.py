@@ -37,7 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from .base import StoreClosedError, StoreError
+from tunnel_server.store.base import StoreClosedError, StoreError
 
 __all__ = ["MAX_BATCH", "DatabaseWorker"]
 
