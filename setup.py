@@ -22,6 +22,10 @@ carries them compiled.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
 
 from setuptools import setup
 
@@ -68,8 +72,27 @@ COMPILED_MODULES = [
 ]
 
 
+def missing_tool() -> str | None:
+    """What this machine lacks to compile C extensions, or None."""
+    if not any(shutil.which(name) for name in (os.environ.get("CC", "cc"), "gcc", "clang")):
+        return "no C compiler (cc)"
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        return "no Python headers (Python.h; Debian's python3-dev)"
+    return None
+
+
 def _ext_modules() -> list[object]:
     if os.environ.get("TUNNEL_PURE_PYTHON") == "1":
+        return []
+    lacking = missing_tool()
+    if lacking is not None:
+        # pip shows this only with -v; the installed package runs, slower.
+        print(  # noqa: T201 - a build step's word to the person installing
+            f"k8s-reverse-tunnel: {lacking}: installing the request path interpreted, "
+            "which costs more CPU per proxied request (docs/architecture.md, "
+            '"Compiled where every request passes")',
+            file=sys.stderr,
+        )
         return []
     from mypyc.build import mypycify
 

@@ -17,10 +17,8 @@ from __future__ import annotations
 import hashlib
 import os
 import runpy
-import shutil
 import subprocess
 import sys
-import sysconfig
 from importlib.machinery import EXTENSION_SUFFIXES
 from importlib.metadata import version
 from pathlib import Path
@@ -86,12 +84,10 @@ def _current(root: Path) -> bool:
 
 
 def missing_tool() -> str | None:
-    """What this machine lacks to compile C extensions, or None."""
-    if not any(shutil.which(name) for name in ("cc", "gcc", "clang")):
-        return "no C compiler (cc)"
-    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
-        return "no Python headers (Python.h; Debian's python3-dev)"
-    return None
+    """What this machine lacks to compile C extensions, or None (setup.py decides)."""
+    listed = runpy.run_path(str(ROOT / "setup.py"), run_name="compiled_modules")
+    lacking: str | None = listed["missing_tool"]()
+    return lacking
 
 
 def build() -> None:

@@ -18,6 +18,7 @@ from tunnel_cli import (
     env_flag,
     freeze_startup_objects,
     parse_duration,
+    request_path_build,
     run_main,
 )
 from tunnel_commands.spec import ALL_COMMAND_TYPES, COMMAND_TYPES
@@ -270,6 +271,7 @@ def _read(path: str, what: str) -> bytes:
 
 async def run_agent(settings: AgentSettings) -> None:
     """Run the agent, its command runner and its health endpoint until a signal."""
+    logger.info("request path %s", request_path_build())
     kube = KubeApi(await load_kube_configuration(settings.kubeconfig))
     store: CredentialStore
     if settings.credentials_dir is not None:

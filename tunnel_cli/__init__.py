@@ -2,12 +2,13 @@
 
 Flags that also read environment variables, durations, logging set-up
 (text for people, JSON for machines), text from outside made safe to show,
-freezing start-up objects out of
-the garbage collector's full passes, and the choice of event loop (uvloop
-when installed). Depends on the standard library only (uvloop is imported
-by name, when present).
+freezing start-up objects out of the garbage collector's full passes, the
+choice of event loop (uvloop when installed), and whether the request path
+runs compiled. Depends on the standard library and ``protocol`` only (uvloop
+is imported by name, when present).
 """
 
+from .compiled import request_path_build
 from .eventloop import EVENT_LOOPS, loop_factory, run_main
 from .flags import FlagError, describe_duration, env_flag, parse_duration
 from .logs import configure_logging
@@ -25,5 +26,6 @@ __all__ = [
     "parse_duration",
     "printable",
     "printable_line",
+    "request_path_build",
     "run_main",
 ]

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from tunnel_cli import freeze_startup_objects
+from tunnel_cli import freeze_startup_objects, request_path_build
 from tunnel_pki.tls import server_context
 from tunnel_server.access.cache import AccessCache
 from tunnel_server.agents.bootstrap import BOOTSTRAP_PATH, bootstrap
@@ -291,10 +291,11 @@ async def _start_locked(settings: ServerSettings, lock: StateLock) -> tuple[web.
             f"cannot listen on {settings.listen.host}:{settings.listen.port}: {exc.strerror}"
         ) from exc
     logger.info(
-        "listening on %s:%d (public URL %s)",
+        "listening on %s:%d (public URL %s); request path %s",
         settings.listen.host,
         port,
         settings.listen.public_url,
+        request_path_build(),
     )
     return runner, port
 
