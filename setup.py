@@ -63,6 +63,7 @@ COMPILED_MODULES = [
     "tunnel_server/edge/http1.py",
     "tunnel_server/proxy/refusal.py",
     "tunnel_server/proxy/exchange.py",
+    "tunnel_server/proxy/identity.py",
     "tunnel_server/proxy/request.py",
     "tunnel_agent/kubeproxy.py",
     "tunnel_agent/policy.py",

@@ -37,9 +37,9 @@ from tunnel_server.errors import (
     UnavailableError,
 )
 from tunnel_server.metrics import ServerMetrics
+from tunnel_server.proxy.identity import access_refusal
 from tunnel_server.proxy.kubeproxy import setup_kube_proxy
 from tunnel_server.proxy.live_requests import LiveRequests
-from tunnel_server.proxy.request import access_refusal
 from tunnel_server.retention import Pruner
 from tunnel_server.statedir import ServerIdentity, StateLock, ensure_admin, prepare_state_dir
 from tunnel_server.store.base import AlreadyExistsError, NotFoundError, QueueFullError, StoreError

@@ -76,9 +76,10 @@ def _install(python: Path, checkout: Path, path: str) -> subprocess.CompletedPro
     return run
 
 
-def _imported_from(python: Path, module: str, cwd: Path) -> str:
-    where = subprocess.run(
-        [str(python), "-c", f"import {module} as m; print(m.__file__)"],
+def _output(argv: list[str], cwd: Path) -> str:
+    """What a program of the installed environment prints, run outside the checkout."""
+    run = subprocess.run(
+        argv,
         capture_output=True,
         text=True,
         env=_environment(os.environ.get("PATH", "")),
@@ -86,7 +87,11 @@ def _imported_from(python: Path, module: str, cwd: Path) -> str:
         timeout=60,
         check=True,
     )
-    return where.stdout.strip()
+    return run.stdout.strip()
+
+
+def _imported_from(python: Path, module: str, cwd: Path) -> str:
+    return _output([str(python), "-c", f"import {module} as m; print(m.__file__)"], cwd)
 
 
 def _server_start_line(python: Path, tmp_path: Path) -> str:
@@ -117,16 +122,8 @@ def test_pip_install_in_a_fresh_venv_compiles_the_request_path(tmp_path: Path) -
     checkout = _checkout(tmp_path / "checkout")
     python = _fresh_venv(tmp_path / "venv")
     _install(python, checkout, os.environ.get("PATH", ""))
-    version = subprocess.run(
-        [str(python.parent / "tunnel-server"), "--version"],
-        capture_output=True,
-        text=True,
-        env=_environment(os.environ.get("PATH", "")),
-        cwd=tmp_path,
-        timeout=60,
-        check=True,
-    )
-    assert version.stdout.strip() == "tunnel-server 0.1.0"
+    version = _output([str(python.parent / "tunnel-server"), "--version"], tmp_path)
+    assert version == "tunnel-server 0.1.0"
     compiled = _imported_from(python, "tunnel_server.edge.frontdoor", tmp_path)
     assert compiled.startswith(str(tmp_path / "venv")), compiled
     assert compiled.endswith(".so"), compiled

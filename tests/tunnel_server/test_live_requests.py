@@ -20,9 +20,9 @@ from tunnel_mux import MuxStream, SessionClosedError, SessionError, StreamResetE
 from tunnel_server.access.cache import AccessCache
 from tunnel_server.proxy.credential import Credential
 from tunnel_server.proxy.exchange import ProxyExchange
+from tunnel_server.proxy.identity import access_refusal
 from tunnel_server.proxy.live_requests import LiveRequests
 from tunnel_server.proxy.refusal import dropped_refusal, revocation_event
-from tunnel_server.proxy.request import access_refusal
 from tunnel_server.store.base import Store, StoreError, User, hash_token
 
 from ..e2e import test_kubectl_tunnel as kubectl_e2e

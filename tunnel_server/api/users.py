@@ -27,7 +27,7 @@ from tunnel_server.config import MAX_API_TOKEN_TTL, MIN_API_TOKEN_TTL
 from tunnel_server.context import CONTEXT, ServerContext
 from tunnel_server.errors import ApiError, BadRequestError, ForbiddenError
 from tunnel_server.proxy.exchange import ProxyExchange
-from tunnel_server.proxy.request import IDENTITY_PREFIX
+from tunnel_server.proxy.identity import IDENTITY_PREFIX
 from tunnel_server.statedir import new_token
 from tunnel_server.store.base import AuditEvent, Grant, User, hash_token
 

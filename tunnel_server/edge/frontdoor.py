@@ -20,7 +20,6 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import cast
 
 from aiohttp import web
@@ -28,7 +27,7 @@ from aiohttp import web
 from protocol.http import METHODS, ResponseHead
 from tunnel_kube.tcp_keepalive import enable_tcp_keepalive
 from tunnel_mux import MuxStream, SessionError
-from tunnel_server.context import CONTEXT, ServerContext
+from tunnel_server.context import CONTEXT
 from tunnel_server.edge.buffers import AnswerOutput, RequestBody
 from tunnel_server.edge.callerlimit import CountedProtocol, FrontDoors, peer_certificate_serial
 from tunnel_server.edge.handshakes import source_of
@@ -42,10 +41,10 @@ from tunnel_server.edge.http1 import (
     parse_request_head,
     response_head,
 )
-from tunnel_server.proxy.answer import AnswerFraming, answer_framing, read_response_head
+from tunnel_server.proxy.answer import AnswerFraming, answer_framing
 from tunnel_server.proxy.exchange import ProxyExchange
 from tunnel_server.proxy.refusal import ProxyRefusal, revocation_event
-from tunnel_server.proxy.request import CallerMemo, cluster_of, finish, open_relay, release, upload
+from tunnel_server.proxy.request import CallerMemo, ProxiedRequest, cluster_of
 
 __all__ = ["KEEPALIVE_TIMEOUT", "FrontDoor", "FrontDoors"]
 
@@ -302,48 +301,34 @@ class FrontDoor(asyncio.Protocol):
             self._next_request()
 
     async def _serve(self, request: CallerRequest, cluster: str, body: RequestBody | None) -> None:
-        context = self._app[CONTEXT]
-        exchange = ProxyExchange(cluster=cluster, method=request.method)
-        relayed = _Relayed()
+        proxied = ProxiedRequest(self._app[CONTEXT], cluster, request.method)
         # The clean-up awaits, so it runs after the try statement rather than
         # in a finally block: mypyc, which compiles this module, would leave
         # the exception being raised as the thread's current one (setup.py).
         failure: BaseException | None = None
         try:
-            await self._answer(request, cluster, body, context, exchange, relayed)
+            await self._answer(request, body, proxied)
         except BaseException as exc:  # noqa: BLE001 - raised again after the clean-up
             failure = exc
+            exchange = proxied.exchange
             if isinstance(exc, asyncio.CancelledError) and not exchange.ended:
                 # Only connection_lost cancels a request: the caller left, or the server aborted.
                 exchange.cut_short("the server shut down" if self._aborted else "the caller left")
         # Before any await: a cancellation there must not leave the request held as live.
-        release(context, exchange)
-        if relayed.uploader is not None:
-            # An upload cut short resets the stream (see _upload).
-            relayed.uploader.cancel()
-            await asyncio.gather(relayed.uploader, return_exceptions=True)
-        stream = relayed.stream
-        if stream is not None and stream.error is None and not stream.at_eof:
-            stream.reset()
-        await finish(context, exchange)
+        proxied.release()
+        await proxied.close()
         if failure is not None:
             raise failure
 
     async def _answer(
-        self,
-        request: CallerRequest,
-        cluster: str,
-        body: RequestBody | None,
-        context: ServerContext,
-        exchange: ProxyExchange,
-        relayed: _Relayed,
+        self, request: CallerRequest, body: RequestBody | None, proxied: ProxiedRequest
     ) -> None:
         """Relay the request and its answer; refusals and failures are answered here."""
+        exchange = proxied.exchange
+        cluster = exchange.cluster
         head_sent = False
         try:
-            stream = relayed.stream = await open_relay(
-                context,
-                exchange,
+            stream = await proxied.open(
                 request.target,
                 request.headers,
                 upgrade=None,
@@ -353,8 +338,8 @@ class FrontDoor(asyncio.Protocol):
                 memo=self._memo if self._header_cache.holds(request.headers) else None,
             )
             if body is not None:
-                relayed.uploader = self._loop.create_task(upload(body.read, stream, exchange))
-            response, early = await read_response_head(stream, exchange)
+                proxied.upload(body.read)
+            response, early = await proxied.response_head()
             framing = answer_framing(request.method, response, cluster)
             head_sent = True
             await self._relay_response(response, framing, early, stream, exchange)
@@ -571,15 +556,3 @@ class FrontDoor(asyncio.Protocol):
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-
-
-@dataclass(slots=True, init=False)
-class _Relayed:
-    """What a request's clean-up undoes: its stream, and its body's upload."""
-
-    stream: MuxStream | None
-    uploader: asyncio.Task[None] | None
-
-    def __init__(self) -> None:
-        self.stream = None
-        self.uploader = None

@@ -8,16 +8,51 @@ body is framed: by its Content-Length, or chunked to the end of the stream.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from protocol.errors import MalformedFrameError
-from protocol.http import ResponseHead, ResponseHeadParser, parse_content_length
+from protocol.http import HOP_BY_HOP, ResponseHead, ResponseHeadParser, parse_content_length
+from tunnel_kube import is_plain_path
 from tunnel_mux import MuxStream, SessionError
 from tunnel_server.proxy.exchange import ProxyExchange
 from tunnel_server.proxy.refusal import ProxyRefusal, dropped_refusal
-from tunnel_server.proxy.request import answer_headers
 
-__all__ = ["AnswerFraming", "answer_framing", "read_response_head"]
+__all__ = [
+    "DROPPED_RESPONSE_HEADERS",
+    "AnswerFraming",
+    "answer_framing",
+    "answer_headers",
+    "read_response_head",
+]
+
+#: Headers of the agent's answer never passed to the caller: hop-by-hop ones, and
+#: cookies (the API server sets none; an agent's would be this server's).
+DROPPED_RESPONSE_HEADERS = (HOP_BY_HOP - {"upgrade"}) | {"set-cookie"}
+
+
+def answer_headers(headers: Iterable[tuple[str, str]], cluster: str) -> list[tuple[str, str]]:
+    """The agent's answer headers as the caller gets them.
+
+    :data:`DROPPED_RESPONSE_HEADERS` are dropped. A ``Location`` is the
+    cluster's own: a plain path on the API server is put under
+    ``/k8s/clusters/<cluster>``, where the caller reached it, and any other
+    (another host, ``//host``, an encoded or dotted path) is dropped. A client
+    follows a redirect with its token to the same host, so an agent's
+    ``Location`` could otherwise send it to another cluster, or to this
+    server's own API.
+    """
+    kept = []
+    for name, value in headers:
+        if name in DROPPED_RESPONSE_HEADERS:
+            continue
+        if name == "location":
+            path = value.split("?", 1)[0]
+            if path.startswith("/") and not path.startswith("//") and is_plain_path(path):
+                kept.append((name, f"/k8s/clusters/{cluster}{value}"))
+            continue
+        kept.append((name, value))
+    return kept
 
 
 @dataclass(slots=True, init=False)
@@ -51,9 +86,12 @@ def answer_framing(method: str, response: ResponseHead, cluster: str) -> AnswerF
 
 
 async def read_response_head(
-    stream: MuxStream, exchange: ProxyExchange
+    stream: MuxStream, exchange: ProxyExchange, *, upgrade: bool = False
 ) -> tuple[ResponseHead, bytes]:
-    """The agent's response head, and the body bytes that came with it."""
+    """The agent's response head, and the body bytes that came with it.
+
+    An interim (1xx) answer is refused, but for a 101 to an ``upgrade``.
+    """
     parser = ResponseHeadParser()
     while True:
         try:
@@ -67,7 +105,11 @@ async def read_response_head(
         except MalformedFrameError as exc:
             raise ProxyRefusal(502, "BadGateway", f"the agent's answer is invalid: {exc}") from exc
         if parser.head is not None:
-            if parser.head.status < 200:
-                raise ProxyRefusal(502, "BadGateway", "the agent answered a plain request with 1xx")
+            status = parser.head.status
+            if status < 200 and not (upgrade and status == 101):
+                # Relayed, an interim answer would be followed by the agent's bytes as they are.
+                raise ProxyRefusal(
+                    502, "BadGateway", f"the agent answered {status}, which was not asked for"
+                )
             exchange.status = parser.head.status
             return parser.head, early

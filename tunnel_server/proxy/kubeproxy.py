@@ -17,14 +17,13 @@ import logging
 
 from aiohttp import web
 
-from protocol.errors import MalformedFrameError
-from protocol.http import ResponseHeadParser
 from tunnel_mux import MuxStream, SessionError
 from tunnel_mux.upgraded import UpgradedReader
 from tunnel_server.context import CONTEXT
+from tunnel_server.proxy.answer import answer_headers
 from tunnel_server.proxy.exchange import ProxyExchange
-from tunnel_server.proxy.refusal import ProxyRefusal, dropped_refusal, revoked_reason
-from tunnel_server.proxy.request import answer_headers, finish, open_relay, upload
+from tunnel_server.proxy.refusal import ProxyRefusal, revoked_reason
+from tunnel_server.proxy.request import ProxiedRequest
 from tunnel_server.proxy.wsframes import CLOSE_GOING_AWAY, CLOSE_POLICY, FrameBoundary, close_frame
 
 __all__ = ["PROXY_ROUTE", "setup_kube_proxy"]
@@ -49,19 +48,20 @@ def setup_kube_proxy(app: web.Application) -> None:
 
 
 async def kube_proxy(request: web.Request) -> web.StreamResponse:
-    context = request.app[CONTEXT]
-    exchange = ProxyExchange(cluster=request.match_info["cluster"][:63], method=request.method)
-    stream: MuxStream | None = None
+    proxied = ProxiedRequest(
+        request.app[CONTEXT], request.match_info["cluster"][:63], request.method
+    )
+    exchange = proxied.exchange
     try:
         upgrade = _upgrade_of(request)
         if upgrade is not None and _announces_body(request):
             raise ProxyRefusal(400, "BadRequest", UPGRADE_WITH_BODY)
         has_body = upgrade is not None or request.body_exists
         headers = [(name.lower(), value) for name, value in request.headers.items()]
-        stream = await open_relay(
-            context, exchange, request.raw_path, headers, upgrade=upgrade, has_body=has_body
-        )
-        return await _exchange(request, stream, upgrade is not None, has_body, exchange)
+        await proxied.open(request.raw_path, headers, upgrade=upgrade, has_body=has_body)
+        if has_body and upgrade is None:
+            proxied.upload(request.content.readany)
+        return await _exchange(request, proxied, upgrade is not None)
     except ProxyRefusal as refusal:
         exchange.refused(refusal)
         body, headers = refusal.answer(request.headers.get("Accept", ""), request.raw_path)
@@ -73,84 +73,50 @@ async def kube_proxy(request: web.Request) -> web.StreamResponse:
             exchange.cut_short("cancelled: the caller left, or the server is shutting down")
         raise
     finally:
-        if stream is not None and stream.error is None and not stream.at_eof:
-            stream.reset()
-        await finish(context, exchange)
+        await proxied.close()
 
 
 async def _exchange(
-    request: web.Request,
-    stream: MuxStream,
-    upgrade: bool,
-    has_body: bool,
-    exchange: ProxyExchange,
+    request: web.Request, proxied: ProxiedRequest, upgrade: bool
 ) -> web.StreamResponse:
-    parser = ResponseHeadParser()
-    uploader: asyncio.Task[None] | None = None
-    if has_body and not upgrade:
-        uploader = asyncio.create_task(upload(request.content.readany, stream, exchange))
+    exchange = proxied.exchange
+    stream = proxied.stream
+    assert stream is not None
+    head, body = await proxied.response_head(upgrade=upgrade)
+    if head.status == 101:
+        return await _relay_upgraded(request, stream, head.headers, head.reason, body, exchange)
+    response = web.StreamResponse(status=head.status, reason=head.reason or None)
+    for name, value in answer_headers(head.headers, exchange.cluster):
+        # aiohttp frames the body itself (chunked): a length the body does
+        # not keep cannot leave the caller's connection out of step.
+        if name != "content-length" or request.method == "HEAD":
+            response.headers.add(name, value)
+    await response.prepare(request)
     try:
-        body = b""
-        while parser.head is None:
-            try:
-                chunk = await stream.read()
-            except SessionError as exc:
-                raise dropped_refusal(exc, exchange.cluster) from exc
-            if not chunk:
-                raise ProxyRefusal(
-                    502, "BadGateway", "the agent ended the stream without answering"
-                )
-            try:
-                body = parser.feed(chunk)
-            except MalformedFrameError as exc:
-                raise ProxyRefusal(
-                    502, "BadGateway", f"the agent's answer is invalid: {exc}"
-                ) from exc
-        head = parser.head
-        exchange.status = head.status
-        if head.status == 101 and upgrade:
-            return await _relay_upgraded(request, stream, head.headers, head.reason, body, exchange)
-        if head.status < 200:
-            # Relayed, an interim answer would be followed by the agent's bytes as they are.
-            raise ProxyRefusal(
-                502, "BadGateway", f"the agent answered {head.status}, which was not asked for"
-            )
-        response = web.StreamResponse(status=head.status, reason=head.reason or None)
-        for name, value in answer_headers(head.headers, exchange.cluster):
-            # aiohttp frames the body itself (chunked): a length the body does
-            # not keep cannot leave the caller's connection out of step.
-            if name != "content-length" or request.method == "HEAD":
-                response.headers.add(name, value)
-        await response.prepare(request)
-        try:
-            if body:
-                exchange.bytes_out += len(body)
-                await response.write(body)
-            while chunk := await stream.read():
-                exchange.bytes_out += len(chunk)
-                await response.write(chunk)
-        except SessionError as exc:
-            # The agent went away mid-response: end the caller's connection
-            # without the final chunk, so the client sees the break (kubectl
-            # get -w exits with an error; informers list and watch again).
-            logger.info("response cut short: %s", exc, extra={"cluster": exchange.cluster})
-            exchange.cut_short(exc)
-            if request.transport is not None:
-                request.transport.close()
-            return response
-        except ConnectionError:
-            # The caller went away mid-response: end the relayed request too.
-            logger.info("the caller left mid-response", extra={"cluster": exchange.cluster})
-            exchange.cut_short("the caller left")
-            stream.reset()
-            return response
-        with contextlib.suppress(ConnectionError):
-            await response.write_eof()
+        if body:
+            exchange.bytes_out += len(body)
+            await response.write(body)
+        while chunk := await stream.read():
+            exchange.bytes_out += len(chunk)
+            await response.write(chunk)
+    except SessionError as exc:
+        # The agent went away mid-response: end the caller's connection
+        # without the final chunk, so the client sees the break (kubectl
+        # get -w exits with an error; informers list and watch again).
+        logger.info("response cut short: %s", exc, extra={"cluster": exchange.cluster})
+        exchange.cut_short(exc)
+        if request.transport is not None:
+            request.transport.close()
         return response
-    finally:
-        if uploader is not None:
-            uploader.cancel()
-            await asyncio.gather(uploader, return_exceptions=True)
+    except ConnectionError:
+        # The caller went away mid-response: end the relayed request too.
+        logger.info("the caller left mid-response", extra={"cluster": exchange.cluster})
+        exchange.cut_short("the caller left")
+        stream.reset()
+        return response
+    with contextlib.suppress(ConnectionError):
+        await response.write_eof()
+    return response
 
 
 async def _relay_upgraded(

@@ -1,0 +1,126 @@
+"""Who the cluster is told a proxied request's caller is, and what else of its headers it gets.
+
+Every request reaches the API server as ``tunnel:<user>`` in ``tunnel:<group>``
+groups, by impersonation (docs/security.md); a caller's own ``Impersonate-*``
+headers pass only with an impersonate grant, inside the same prefix. The
+caller's credentials and hop-by-hop headers never go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from protocol.http import HOP_BY_HOP
+from tunnel_server.access.cache import AccessCache
+from tunnel_server.proxy.credential import Credential
+from tunnel_server.proxy.refusal import ProxyRefusal
+from tunnel_server.store.base import Grant, User
+
+__all__ = [
+    "IDENTITY_PREFIX",
+    "access_refusal",
+    "forwarded_headers",
+    "identity_headers",
+    "impersonation_headers",
+]
+
+#: Every identity the server asserts in a cluster carries this prefix.
+IDENTITY_PREFIX = "tunnel:"
+
+# Never forwarded: hop-by-hop headers, and the caller's own credentials.
+_DROPPED = HOP_BY_HOP | {
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "host",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+}
+
+
+def impersonation_headers(user: User, grant: Grant) -> list[tuple[str, str]]:
+    """The identity the cluster sees: ``tunnel:<user>`` in ``tunnel:<group>`` groups."""
+    headers = [("impersonate-user", IDENTITY_PREFIX + user.name)]
+    for group in dict.fromkeys((*user.groups, *grant.as_groups)):
+        headers.append(("impersonate-group", IDENTITY_PREFIX + group))
+    return headers
+
+
+def forwarded_headers(
+    headers: Iterable[tuple[str, str]], upgrade: str | None, user: User, grant: Grant
+) -> list[tuple[str, str]]:
+    """The caller's headers as the agent gets them: no credentials, our identity."""
+    forwarded: list[tuple[str, str]] = []
+    impersonated: list[tuple[str, str]] = []
+    for name, value in headers:
+        if name.startswith("impersonate-"):
+            impersonated.append((name, value))
+        elif name not in _DROPPED and not (upgrade is not None and name == "content-length"):
+            forwarded.append((name, value))
+    if upgrade is not None:
+        forwarded.append(("connection", "Upgrade"))
+        forwarded.append(("upgrade", upgrade))
+    forwarded.extend(identity_headers(impersonated, user, grant))
+    return forwarded
+
+
+def identity_headers(
+    requested: Sequence[tuple[str, str]], user: User, grant: Grant
+) -> list[tuple[str, str]]:
+    """The ``Impersonate-*`` headers that tell the cluster who the caller is.
+
+    ``requested`` are the caller's own (names in lower case): its
+    ``--as``/``--as-group``, refused unless the grant allows them. Without
+    them, ``tunnel:<user>`` in the user's and the grant's groups.
+    """
+    if requested:
+        return _caller_impersonation(requested, user, grant)
+    return impersonation_headers(user, grant)
+
+
+async def access_refusal(access: AccessCache, credential: Credential) -> str | None:
+    """Why a new request with ``credential`` would be refused now; None if it would not.
+
+    Raises :class:`StoreError` if the store cannot be read.
+    """
+    _, user = await access.lookup_user_by_hash(credential.token_hash)
+    if user is None:
+        return "the caller's API token expired or was revoked, or its user was deleted"
+    _, grant = await access.lookup_grant(user.name, credential.cluster)
+    if grant is None:
+        return f"user {user.name} no longer has a grant on cluster {credential.cluster}"
+    try:
+        identity = frozenset(identity_headers(credential.requested, user, grant))
+    except ProxyRefusal as refusal:
+        return refusal.message
+    if identity != credential.identity:
+        return f"the identity of user {user.name} on cluster {credential.cluster} changed"
+    return None
+
+
+def _caller_impersonation(
+    requested: Sequence[tuple[str, str]], user: User, grant: Grant
+) -> list[tuple[str, str]]:
+    """The caller's own --as/--as-group, allowed only by its grant, inside our prefix."""
+    if not grant.impersonate:
+        raise ProxyRefusal(
+            403,
+            "Forbidden",
+            f"user {user.name} may not impersonate on this cluster "
+            "(Impersonate-* headers are refused without an impersonate grant)",
+        )
+    headers = []
+    for name, value in requested:
+        if name not in ("impersonate-user", "impersonate-group"):
+            raise ProxyRefusal(403, "Forbidden", f"the {name} header is not supported")
+        if value.startswith("system:") or not value or len(value) > 256:
+            raise ProxyRefusal(403, "Forbidden", f"{value[:64]!r} cannot be impersonated")
+        prefixed = value if value.startswith(IDENTITY_PREFIX) else IDENTITY_PREFIX + value
+        if prefixed.startswith(IDENTITY_PREFIX + "system"):
+            # As the agent refuses it: the server does not lean on the agent's check alone.
+            raise ProxyRefusal(403, "Forbidden", f"{value[:64]!r} cannot be impersonated")
+        headers.append((name, prefixed))
+    if not any(name == "impersonate-user" for name, _ in headers):
+        raise ProxyRefusal(403, "Forbidden", "Impersonate-Group needs Impersonate-User")
+    return headers
