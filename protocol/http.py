@@ -40,6 +40,7 @@ __all__ = [
     "ResponseHeadParser",
     "encode_response_head",
     "parse_content_length",
+    "reason_phrase",
 ]
 
 #: Headers of one connection, never relayed to the next (RFC 9110, 7.6.1).
@@ -281,3 +282,39 @@ _DIGITS = re.compile(r"[0-9]{1,15}")
 def parse_content_length(value: str) -> int | None:
     """A Content-Length value as a number, or None if it is not 1-15 ASCII digits."""
     return int(value) if _DIGITS.fullmatch(value) is not None else None
+
+
+#: What a reason phrase may hold, written into a status line (RFC 9112, 4: no CR or LF).
+_REASON = re.compile(r"[\t\x20-\x7e]{1,128}")
+_REASONS = {
+    200: "OK",
+    201: "Created",
+    202: "Accepted",
+    204: "No Content",
+    304: "Not Modified",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    409: "Conflict",
+    422: "Unprocessable Entity",
+    429: "Too Many Requests",
+    414: "URI Too Long",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+
+
+def reason_phrase(status: int, reason: str) -> str:
+    """``reason`` if it is safe in an HTTP/1.1 status line, else the status's usual phrase.
+
+    An agent's reason phrase with a line break or a control character would
+    split the status line (or make aiohttp refuse the whole answer); it is
+    replaced, not relayed.
+    """
+    if reason and _REASON.fullmatch(reason) is not None:
+        return reason
+    return _REASONS.get(status, "Unknown")

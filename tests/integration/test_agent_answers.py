@@ -134,11 +134,49 @@ async def test_an_answer_not_asked_for_on_the_aiohttp_path_is_refused(
     assert f"the agent answered {status}, which was not asked for" in reply.json()["message"]
 
 
-async def test_a_length_the_body_does_not_keep_cannot_unframe_the_caller(agent: Agent) -> None:
-    body = b'{"kind":"PodList"}'
-    agent.answer = encode_response_head(200, "OK", [("content-length", "2")]) + body
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize(
+    ("length", "body", "why"),
+    [
+        (2, b'{"kind":"PodList"}', "the agent sent more than its Content-Length"),
+        (64, b'{"kind":"PodList"}', "the agent's answer ended short of its Content-Length"),
+    ],
+)
+async def test_a_body_that_breaks_its_length_ends_the_callers_connection_on_both_paths(
+    agent: Agent, path: str, length: int, body: bytes, why: str
+) -> None:
+    """One standard: the caller sees the break, never a whole answer of another length."""
+    agent.answer = encode_response_head(200, "OK", [("content-length", str(length))]) + body
     async with caller(agent.server) as connection:
-        chunked_post(agent)(connection)
-        reply = await connection.reply()
-    # Framed by the server itself: the whole body, chunked, and nothing after it.
-    assert (reply.status, reply.header("content-length"), reply.body) == (200, None, body)
+        PATHS[path](agent)(connection)
+        head = await connection.reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        rest = await connection.reader.read()  # to the end of the connection: it is cut
+    # Neither the whole body with its last chunk, nor a body of the stated length.
+    assert not rest.endswith(b"0\r\n\r\n")
+    assert len(rest) < length
+    status, events = await agent.server.api("GET", "/api/v1/audit?kind=proxy&limit=1")
+    assert status == 200
+    assert why in events[0]["detail"]["ended"]
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+async def test_an_answer_with_both_transfer_encoding_and_length_is_refused_on_both_paths(
+    agent: Agent, path: str
+) -> None:
+    headers = [("transfer-encoding", "chunked"), ("content-length", "2")]
+    agent.answer = encode_response_head(200, "OK", headers) + b"{}"
+    reply = await agent.ask(PATHS[path](agent))
+    assert reply.status == 502
+    assert "both Transfer-Encoding and Content-Length" in reply.json()["message"]
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("reason", ["OK\r\nSet-Cookie: pwn=1", "OK\nX: y", "\x00"])
+async def test_a_reason_phrase_that_would_split_the_status_line_is_replaced_on_both_paths(
+    agent: Agent, path: str, reason: str
+) -> None:
+    agent.answer = encode_response_head(200, reason, [("content-length", "2")]) + b"{}"
+    reply = await agent.ask(PATHS[path](agent))
+    assert (reply.status, reply.reason, reply.body) == (200, "OK", b"{}")
+    assert reply.header("set-cookie") is None

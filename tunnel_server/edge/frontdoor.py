@@ -379,7 +379,7 @@ class FrontDoor(asyncio.Protocol):
         # for a small answer: head, body and last chunk); it is flushed before
         # waiting for the agent and whenever 64 KiB are pending.
         out = AnswerOutput(self._write, self._writelines)
-        out.add(response_head(response.status, response.reason, headers))
+        out.add(response_head(response.status, framing.reason, headers))
         remaining = framing.length
         chunked = remaining is None
         between_events = True  # for a watch: the caller has whole events only

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from protocol.http import parse_content_length
+from protocol.http import parse_content_length, reason_phrase
 from tunnel_server.errors import ServerError
 
 __all__ = [
@@ -49,27 +49,6 @@ _REQUEST_LINE = re.compile(rf"([A-Z]{{1,16}}) ([\x21-\x7e]{{1,{MAX_TARGET}}}) HT
 # quadratically on a long run of spaces).
 _HEADER_LINE = re.compile(r"([!#$%&'*+\-.^_`|~0-9A-Za-z]{1,256}):(.*)")
 _VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
-_REASON = re.compile(r"[\t\x20-\x7e]{1,128}")
-_REASONS = {
-    200: "OK",
-    201: "Created",
-    202: "Accepted",
-    204: "No Content",
-    304: "Not Modified",
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    409: "Conflict",
-    422: "Unprocessable Entity",
-    429: "Too Many Requests",
-    414: "URI Too Long",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-    504: "Gateway Timeout",
-}
 
 
 class MalformedRequestError(ServerError):
@@ -297,9 +276,7 @@ def response_head(status: int, reason: str, headers: Iterable[tuple[str, str]]) 
     ``headers`` come from the agent, already validated (token names, no CR,
     LF or NUL in values: :mod:`protocol.http`); an unsafe reason is replaced.
     """
-    if not reason or _REASON.fullmatch(reason) is None:
-        reason = _REASONS.get(status, "Unknown")
-    parts = [f"HTTP/1.1 {status} {reason}"]
+    parts = [f"HTTP/1.1 {status} {reason_phrase(status, reason)}"]
     parts.extend(f"{name}: {value}" for name, value in headers)
     parts.append("\r\n")
     return "\r\n".join(parts).encode("latin-1", "replace")

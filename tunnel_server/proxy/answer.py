@@ -12,7 +12,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from protocol.errors import MalformedFrameError
-from protocol.http import HOP_BY_HOP, ResponseHead, ResponseHeadParser, parse_content_length
+from protocol.http import (
+    HOP_BY_HOP,
+    ResponseHead,
+    ResponseHeadParser,
+    parse_content_length,
+    reason_phrase,
+)
 from tunnel_kube import is_plain_path
 from tunnel_mux import MuxStream, SessionError
 from tunnel_server.proxy.exchange import ProxyExchange
@@ -62,14 +68,29 @@ class AnswerFraming:
     headers: list[tuple[str, str]]
     #: Bytes of body to pass on as they are; None: chunked, to the end of the stream.
     length: int | None
+    #: The reason phrase for the caller's status line (the agent's, if it is safe).
+    reason: str
 
-    def __init__(self, headers: list[tuple[str, str]], length: int | None) -> None:
+    def __init__(self, headers: list[tuple[str, str]], length: int | None, reason: str) -> None:
         self.headers = headers
         self.length = length
+        self.reason = reason
 
 
 def answer_framing(method: str, response: ResponseHead, cluster: str) -> AnswerFraming:
-    """The caller's headers and body framing for the agent's answer to ``method``, or 502."""
+    """The caller's headers, body framing and reason phrase for the agent's answer, or 502.
+
+    The one check of an agent's answer head, whichever front end relays it:
+    one valid ``Content-Length`` at most, never with ``Transfer-Encoding``
+    (RFC 9112, 6.3: a message with both is an attack on its framing), and a
+    reason phrase safe in a status line.
+    """
+    if any(name == "transfer-encoding" for name, _ in response.headers) and any(
+        name == "content-length" for name, _ in response.headers
+    ):
+        raise ProxyRefusal(
+            502, "BadGateway", "the agent's answer has both Transfer-Encoding and Content-Length"
+        )
     headers = answer_headers(response.headers, cluster)
     length: int | None = None
     for name, value in headers:
@@ -78,11 +99,12 @@ def answer_framing(method: str, response: ResponseHead, cluster: str) -> AnswerF
             if parsed is None or (length is not None and parsed != length):
                 raise ProxyRefusal(502, "BadGateway", "the agent's answer has an invalid length")
             length = parsed
+    reason = reason_phrase(response.status, response.reason)
     if method == "HEAD" or response.status in (204, 304):
-        return AnswerFraming(headers, 0)
+        return AnswerFraming(headers, 0, reason)
     if length is None:
         headers.append(("transfer-encoding", "chunked"))
-    return AnswerFraming(headers, length)
+    return AnswerFraming(headers, length, reason)
 
 
 async def read_response_head(

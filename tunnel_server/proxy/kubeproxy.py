@@ -20,7 +20,7 @@ from aiohttp import web
 from tunnel_mux import MuxStream, SessionError
 from tunnel_mux.upgraded import UpgradedReader
 from tunnel_server.context import CONTEXT
-from tunnel_server.proxy.answer import answer_headers
+from tunnel_server.proxy.answer import answer_framing
 from tunnel_server.proxy.exchange import ProxyExchange
 from tunnel_server.proxy.refusal import ProxyRefusal, revoked_reason
 from tunnel_server.proxy.request import ProxiedRequest
@@ -85,20 +85,31 @@ async def _exchange(
     head, body = await proxied.response_head(upgrade=upgrade)
     if head.status == 101:
         return await _relay_upgraded(request, stream, head.headers, head.reason, body, exchange)
-    response = web.StreamResponse(status=head.status, reason=head.reason or None)
-    for name, value in answer_headers(head.headers, exchange.cluster):
-        # aiohttp frames the body itself (chunked): a length the body does
-        # not keep cannot leave the caller's connection out of step.
-        if name != "content-length" or request.method == "HEAD":
+    # The same check of the answer's head and framing as the lean path's.
+    framing = answer_framing(request.method, head, exchange.cluster)
+    response = web.StreamResponse(status=head.status, reason=framing.reason)
+    for name, value in framing.headers:
+        # aiohttp frames the body itself (chunked); the answer's length is
+        # held to below, and told the caller only for a HEAD.
+        if name not in ("content-length", "transfer-encoding") or (
+            name == "content-length" and request.method == "HEAD"
+        ):
             response.headers.add(name, value)
     await response.prepare(request)
+    remaining = framing.length
     try:
-        if body:
-            exchange.bytes_out += len(body)
-            await response.write(body)
-        while chunk := await stream.read():
-            exchange.bytes_out += len(chunk)
-            await response.write(chunk)
+        chunk = body
+        while True:
+            if chunk:
+                if remaining is not None:
+                    if len(chunk) > remaining:
+                        raise SessionError("the agent sent more than its Content-Length")
+                    remaining -= len(chunk)
+                exchange.bytes_out += len(chunk)
+                await response.write(chunk)
+            chunk = await stream.read()
+            if not chunk:
+                break
     except SessionError as exc:
         # The agent went away mid-response: end the caller's connection
         # without the final chunk, so the client sees the break (kubectl
@@ -113,6 +124,13 @@ async def _exchange(
         logger.info("the caller left mid-response", extra={"cluster": exchange.cluster})
         exchange.cut_short("the caller left")
         stream.reset()
+        return response
+    if remaining:
+        # As the lean path does: the caller sees the break, not a shorter answer.
+        logger.info("the agent's answer ended short of its Content-Length")
+        exchange.cut_short("the agent's answer ended short of its Content-Length")
+        if request.transport is not None:
+            request.transport.close()
         return response
     with contextlib.suppress(ConnectionError):
         await response.write_eof()
