@@ -28,6 +28,7 @@ from tunnel_server.context import CONTEXT, ServerContext
 from tunnel_server.edge.fdlimit import raise_file_limit
 from tunnel_server.edge.frontdoor import LINGER_SECONDS, FrontDoor, FrontDoors
 from tunnel_server.edge.listener import BoundedTlsListener
+from tunnel_server.edge.parse_errors import ParseErrorLogger
 from tunnel_server.errors import (
     ApiError,
     ConfigError,
@@ -252,6 +253,8 @@ async def _start_locked(settings: ServerSettings, lock: StateLock) -> tuple[web.
         # A body is relayed as it came: decoded here, it would reach the API
         # server still labelled with its Content-Encoding.
         auto_decompress=False,
+        # A request aiohttp cannot parse is one INFO line, as the front door's are.
+        logger=ParseErrorLogger(logging.getLogger("aiohttp.server")),
     )
 
     def aiohttp_connection() -> asyncio.Protocol:
