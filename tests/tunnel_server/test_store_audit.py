@@ -237,6 +237,24 @@ async def test_a_proxied_request_that_ended_short_says_why_in_its_detail(
     assert [e.detail for e in reversed(listed)] == [{}, ended, {}, ended, ended]
 
 
+async def test_a_proxied_request_keeps_the_identity_sent_in_its_detail(
+    store: SqliteStore,
+) -> None:
+    """``as``: who the cluster was told the caller is; beside ``ended`` when both are there."""
+    identity = '{"user":"tunnel:alice","groups":["tunnel:platform"],"impersonated":true}'
+    as_alice = {"user": "tunnel:alice", "groups": ["tunnel:platform"], "impersonated": True}
+    whole = proxied(micros(NOW))._replace(identity=identity)
+    cut = whole._replace(ended="the caller left")
+    refused = proxied(micros(NOW))._replace(ended="no grant")
+    await store.add_proxy_audit([whole, cut, refused])
+    listed = await store.list_audit()
+    assert [e.detail for e in reversed(listed)] == [
+        {"as": as_alice},
+        {"ended": "the caller left", "as": as_alice},
+        {"ended": "no grant"},
+    ]
+
+
 async def test_proxied_times_are_stored_as_the_store_writes_every_time(
     store: SqliteStore,
 ) -> None:

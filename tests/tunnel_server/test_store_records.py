@@ -446,6 +446,15 @@ async def test_set_grant_stores_what_get_grant_reads_back(people: SqliteStore) -
     assert await people.get_grant("ann", "prod") == grant
 
 
+async def test_a_grant_keeps_whom_its_user_may_impersonate(people: SqliteStore) -> None:
+    grant = Grant("ann", "prod", impersonate=True, impersonate_targets=("bob", "group:ops"))
+    await people.set_grant(grant)
+    assert await people.get_grant("ann", "prod") == grant
+    narrower = Grant("ann", "prod", impersonate=True, impersonate_targets=("bob",))
+    await people.set_grant(narrower)
+    assert await people.list_grants() == [narrower]
+
+
 async def test_set_grant_replaces_the_existing_grant(people: SqliteStore) -> None:
     await people.set_grant(Grant("ann", "prod", ("view",), commands=True))
     await people.set_grant(Grant("ann", "prod", ("admin",), impersonate=True))

@@ -27,7 +27,7 @@ from tunnel_server.config import MAX_API_TOKEN_TTL, MIN_API_TOKEN_TTL
 from tunnel_server.context import CONTEXT, ServerContext
 from tunnel_server.errors import ApiError, BadRequestError, ForbiddenError
 from tunnel_server.proxy.exchange import ProxyExchange
-from tunnel_server.proxy.identity import IDENTITY_PREFIX
+from tunnel_server.proxy.identity import GROUP_TARGET, IDENTITY_PREFIX
 from tunnel_server.statedir import new_token
 from tunnel_server.store.base import AuditEvent, Grant, User, hash_token
 
@@ -35,16 +35,30 @@ __all__ = ["setup_user_api", "validate_principal"]
 
 logger = logging.getLogger(__name__)
 
-_PRINCIPAL = re.compile(r"^[a-z0-9]([a-z0-9._@-]{0,62}[a-z0-9])?$")
+_PRINCIPAL = re.compile(r"[a-z0-9]([a-z0-9._@-]{0,62}[a-z0-9])?")
+_ALLOWED_NAMES = (
+    "1-64 characters of a-z, 0-9, '.', '_', '@', '-', starting and ending with a letter or "
+    "digit, and not beginning with 'system'"
+)
 _MAX_GROUPS = 32
+#: The most users and groups one grant may allow its user to impersonate.
+_MAX_IMPERSONATE_TARGETS = 32
 
 
 def validate_principal(name: str, what: str) -> str:
-    """A user or group name: lower-case, 1..64 of a-z 0-9 . _ @ -, no ``system:``."""
-    if not _PRINCIPAL.match(name):
+    """A user or group name: lower-case, 1..64 of a-z 0-9 . _ @ -, not ``system...``.
+
+    The whole name must match (a final newline is no part of a name). Names
+    beginning with ``system`` are refused here because every agent refuses the
+    identity they would make (``tunnel:system...``, too close to Kubernetes'
+    reserved ``system:``): a user or group so named could never reach a cluster.
+    """
+    if not _PRINCIPAL.fullmatch(name):
+        raise BadRequestError(f"{what} {name[:64]!r} is not allowed: names are {_ALLOWED_NAMES}")
+    if name.startswith("system"):
         raise BadRequestError(
-            f"{what} {name[:64]!r} must be 1-64 characters of a-z, 0-9, '.', '_', '@', '-', "
-            "starting and ending with a letter or digit"
+            f"{what} {name[:64]!r} is not allowed: every agent refuses identities beginning "
+            f"with tunnel:system (Kubernetes reserves system:); names are {_ALLOWED_NAMES}"
         )
     return name
 
@@ -191,12 +205,16 @@ async def set_grant(request: web.Request) -> web.Response:
     flags = {key: body.get(key, False) for key in ("commands", "impersonate")}
     if not all(isinstance(value, bool) for value in flags.values()):
         raise BadRequestError("commands and impersonate must be true or false")
+    targets = _impersonate_targets(body.get("impersonate_targets", []))
+    if targets and not flags["impersonate"]:
+        raise BadRequestError("impersonate_targets need impersonate: true")
     grant = Grant(
         user=user,
         cluster=cluster,
         as_groups=_groups(body.get("as_groups", [])),
         commands=flags["commands"],
         impersonate=flags["impersonate"],
+        impersonate_targets=targets,
     )
     await context.store.set_grant(grant)
     # A changed grant may change the identity the cluster sees: requests made as the old one end.
@@ -394,6 +412,25 @@ def _groups(value: Any) -> tuple[str, ...]:
     return tuple(validate_principal(str(group), "group") for group in value)
 
 
+def _impersonate_targets(value: Any) -> tuple[str, ...]:
+    """Whom an impersonate grant allows: user names, and ``group:NAME`` for groups."""
+    if not isinstance(value, list) or len(value) > _MAX_IMPERSONATE_TARGETS:
+        raise BadRequestError(
+            f"impersonate_targets must be a list of at most {_MAX_IMPERSONATE_TARGETS} "
+            "user names and group:NAME entries"
+        )
+    targets = []
+    for target in value:
+        if not isinstance(target, str):
+            raise BadRequestError("impersonate_targets must be user names and group:NAME entries")
+        if target.startswith(GROUP_TARGET):
+            validate_principal(target[len(GROUP_TARGET) :], "group")
+        else:
+            validate_principal(target, "user name")
+        targets.append(target)
+    return tuple(dict.fromkeys(targets))
+
+
 def _user_view(user: User) -> dict[str, Any]:
     return {
         "name": user.name,
@@ -411,6 +448,8 @@ def _grant_view(grant: Grant) -> dict[str, Any]:
         "as_groups": list(grant.as_groups),
         "commands": grant.commands,
         "impersonate": grant.impersonate,
+        # Empty with impersonate: anyone under tunnel:.
+        "impersonate_targets": list(grant.impersonate_targets),
     }
 
 

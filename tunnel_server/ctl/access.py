@@ -7,12 +7,14 @@ import sys
 from typing import Any
 from urllib.parse import urlencode
 
-from tunnel_server.ctl.client import ApiClient, segment
+from tunnel_server.ctl.client import ApiClient, CtlError, segment
 from tunnel_server.ctl.common import Subparsers, output_flag
 from tunnel_server.ctl.output import print_json, print_table
 
 __all__ = ["register"]
 
+#: What a bare --impersonate stands for: anyone under tunnel:.
+_ANYONE = "*"
 _TTL_HELP = (
     "the token expires after this long (e.g. 8h, 30d); "
     "default: the server's --max-api-token-ttl, else never"
@@ -55,7 +57,14 @@ def register(commands: Subparsers) -> None:
     )
     grant.add_argument("--commands", action="store_true", help="may dispatch commands")
     grant.add_argument(
-        "--impersonate", action="store_true", help="may use kubectl --as (within tunnel:)"
+        "--impersonate",
+        action="append",
+        nargs="?",
+        const=_ANYONE,
+        metavar="USER|group:GROUP",
+        help="may use kubectl --as/--as-group: alone, as anyone under tunnel:; with a user "
+        "name or group:GROUP (repeatable), as those only (a grant naming groups only lets "
+        "the user add those groups to its own name)",
     )
     output_flag(grant)
     grant.set_defaults(run=grant_access)
@@ -149,10 +158,21 @@ def user_revoke_tokens(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def grant_access(client: ApiClient, args: argparse.Namespace) -> int:
+    asked = args.impersonate or []
+    targets = [target for target in asked if target != _ANYONE]
+    if targets and _ANYONE in asked:
+        raise CtlError(
+            "give --impersonate alone (anyone under tunnel:) or with names (only those), not both"
+        )
     answer = client.request(
         "PUT",
         f"/api/v1/grants/{segment(args.user)}/{segment(args.cluster)}",
-        {"as_groups": args.as_group, "commands": args.commands, "impersonate": args.impersonate},
+        {
+            "as_groups": args.as_group,
+            "commands": args.commands,
+            "impersonate": bool(asked),
+            "impersonate_targets": targets,
+        },
     )
     if args.output == "json":
         print_json(answer)
@@ -188,7 +208,7 @@ def list_grants(client: ApiClient, args: argparse.Namespace) -> int:
         print_json(grants)
     else:
         print_table(
-            grants,
+            [{**grant, "impersonate": _whom(grant)} for grant in grants],
             [
                 ("USER", "user"),
                 ("CLUSTER", "cluster"),
@@ -198,6 +218,13 @@ def list_grants(client: ApiClient, args: argparse.Namespace) -> int:
             ],
         )
     return 0
+
+
+def _whom(grant: dict[str, Any]) -> str:
+    """Whom a grant lets its user impersonate, as the grants table says it."""
+    if not grant.get("impersonate"):
+        return "no"
+    return ",".join(grant.get("impersonate_targets") or []) or "anyone"
 
 
 def make_kubeconfig(client: ApiClient, args: argparse.Namespace) -> int:
@@ -225,10 +252,11 @@ def show_audit(client: ApiClient, args: argparse.Namespace) -> int:
         print_json(events)
     else:
         print_table(
-            events,
+            [_with_identity(event) for event in events],
             [
                 ("TIME", "time"),
                 ("USER", "user"),
+                ("AS", "as"),
                 ("CLUSTER", "cluster"),
                 ("KIND", "kind"),
                 ("VERB", "verb"),
@@ -241,6 +269,24 @@ def show_audit(client: ApiClient, args: argparse.Namespace) -> int:
             ],
         )
     return 0
+
+
+def _with_identity(event: dict[str, Any]) -> dict[str, Any]:
+    """An audit event with who the cluster was told the caller is in a column of its own.
+
+    ``tunnel:alice [tunnel:platform]``, and ``(--as)`` after it when the caller
+    chose that identity with its own Impersonate-* headers; ``-`` where none was sent.
+    """
+    detail = event.get("detail")
+    if not isinstance(detail, dict) or not isinstance(detail.get("as"), dict):
+        return event
+    identity = detail["as"]
+    groups = " ".join(str(group) for group in identity.get("groups") or [])
+    shown = str(identity.get("user", "")) + (f" [{groups}]" if groups else "")
+    if identity.get("impersonated"):
+        shown += " (--as)"
+    rest = {key: value for key, value in detail.items() if key != "as"}
+    return {**event, "as": shown, "detail": rest or None}
 
 
 def show_requests(client: ApiClient, args: argparse.Namespace) -> int:

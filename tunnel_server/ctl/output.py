@@ -12,15 +12,24 @@ from tunnel_cli import printable
 __all__ = ["print_json", "print_table"]
 
 
-def print_json(data: Any, out: TextIO = sys.stdout) -> None:
+def print_json(data: Any, out: TextIO | None = None) -> None:
+    """``data`` as indented JSON on ``out`` (standard output, looked up at each call)."""
+    out = sys.stdout if out is None else out
     json.dump(data, out, indent=2, sort_keys=False)
     out.write("\n")
 
 
 def print_table(
-    rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]], out: TextIO = sys.stdout
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[tuple[str, str]],
+    out: TextIO | None = None,
 ) -> None:
-    """``columns`` are (heading, key) pairs; missing values print as ``-``."""
+    """``columns`` are (heading, key) pairs; missing values print as ``-``.
+
+    ``out`` is standard output unless given (looked up at each call, so that a
+    replaced ``sys.stdout`` is the one written to).
+    """
+    out = sys.stdout if out is None else out
     cells = [[heading for heading, _ in columns]]
     for row in rows:
         cells.append([_cell(row.get(key)) for _, key in columns])

@@ -41,6 +41,9 @@ class ProxyExchange:
     ended: str
     #: The request's stream, while the server's live requests hold it.
     stream: MuxStream | None
+    #: Who the cluster was told the caller is, as JSON for the audit event
+    #: (:func:`~tunnel_server.proxy.credential.recorded_identity`); empty until decided.
+    identity: str
 
     def __init__(self, cluster: str, method: str) -> None:
         self.cluster = cluster
@@ -54,6 +57,7 @@ class ProxyExchange:
         self.bytes_out = 0
         self.ended = ""
         self.stream = None
+        self.identity = ""
 
     def refused(self, refusal: ProxyRefusal) -> None:
         """The request is answered with ``refusal``'s status: both go in its audit event."""

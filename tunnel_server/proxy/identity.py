@@ -17,6 +17,7 @@ from tunnel_server.proxy.refusal import ProxyRefusal
 from tunnel_server.store.base import Grant, User
 
 __all__ = [
+    "GROUP_TARGET",
     "IDENTITY_PREFIX",
     "access_refusal",
     "forwarded_headers",
@@ -26,6 +27,8 @@ __all__ = [
 
 #: Every identity the server asserts in a cluster carries this prefix.
 IDENTITY_PREFIX = "tunnel:"
+#: How a group is named among an impersonate grant's targets (a bare name is a user).
+GROUP_TARGET = "group:"
 
 # Never forwarded: hop-by-hop headers, and the caller's own credentials.
 _DROPPED = HOP_BY_HOP | {
@@ -123,4 +126,32 @@ def _caller_impersonation(
         headers.append((name, prefixed))
     if not any(name == "impersonate-user" for name, _ in headers):
         raise ProxyRefusal(403, "Forbidden", "Impersonate-Group needs Impersonate-User")
+    if grant.impersonate_targets:
+        _check_targets(headers, user, grant)
     return headers
+
+
+def _check_targets(headers: Sequence[tuple[str, str]], user: User, grant: Grant) -> None:
+    """Refuse an identity the grant's targets do not name.
+
+    Users named are who the caller may become; ``group:NAME`` entries are the
+    groups it may claim. A grant naming groups only lets its user claim them
+    under its own name.
+    """
+    targets = grant.impersonate_targets
+    users = {target for target in targets if not target.startswith(GROUP_TARGET)}
+    groups = {target[len(GROUP_TARGET) :] for target in targets if target.startswith(GROUP_TARGET)}
+    for name, value in headers:
+        plain = value[len(IDENTITY_PREFIX) :]
+        if name == "impersonate-user" and plain not in users and plain != user.name:
+            whom = plain
+        elif name == "impersonate-group" and plain not in groups:
+            whom = f"group {plain}"
+        else:
+            continue
+        raise ProxyRefusal(
+            403,
+            "Forbidden",
+            f"user {user.name} may not impersonate {whom[:64]} on this cluster "
+            f"(the grant allows: {', '.join(targets)})",
+        )

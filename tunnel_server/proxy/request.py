@@ -33,7 +33,7 @@ from tunnel_server.access.auth import parse_bearer
 from tunnel_server.context import ServerContext
 from tunnel_server.errors import UnauthorizedError
 from tunnel_server.proxy.answer import read_response_head
-from tunnel_server.proxy.credential import Credential
+from tunnel_server.proxy.credential import Credential, recorded_identity
 from tunnel_server.proxy.exchange import ProxyExchange
 from tunnel_server.proxy.identity import forwarded_headers
 from tunnel_server.proxy.refusal import ProxyRefusal, offline_refusal
@@ -158,12 +158,15 @@ class ProxiedRequest:
             assert credential is not None
         else:
             forwarded = tuple(forwarded_headers(headers, upgrade, user, grant))
+            requested = tuple(header for header in headers if header[0].startswith("impersonate-"))
+            identity = [header for header in forwarded if header[0].startswith("impersonate-")]
             credential = Credential(
                 token_hash,
                 user.name,
                 cluster,
-                tuple(header for header in headers if header[0].startswith("impersonate-")),
-                frozenset(header for header in forwarded if header[0].startswith("impersonate-")),
+                requested,
+                frozenset(identity),
+                recorded_identity(identity, bool(requested)),
             )
             if memo is not None:
                 memo.headers = headers
@@ -174,6 +177,7 @@ class ProxiedRequest:
                 memo.user = user.name
                 memo.forwarded = forwarded
                 memo.credential = credential
+        exchange.identity = credential.recorded
         # No one user takes all the streams of a cluster's session from the others.
         most = context.settings.tunnel.max_requests_per_user
         if context.live.count(credential.user, cluster) >= most:
@@ -319,6 +323,7 @@ class ProxiedRequest:
                     exchange.bytes_out,
                     round(elapsed * 1000),
                     exchange.ended,
+                    exchange.identity,
                 )
             )
 

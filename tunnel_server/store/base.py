@@ -159,7 +159,9 @@ class Grant:
 
     ``as_groups`` are the Kubernetes groups the user's requests are
     impersonated as; ``commands`` allows dispatching commands; ``impersonate``
-    allows the user to impersonate others in turn.
+    allows the user to impersonate others in turn: anyone under ``tunnel:``
+    when ``impersonate_targets`` is empty, else only those it names (user
+    names, and ``group:NAME`` for groups).
     """
 
     user: str
@@ -167,6 +169,7 @@ class Grant:
     as_groups: tuple[str, ...] = ()
     commands: bool = False
     impersonate: bool = False
+    impersonate_targets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +198,10 @@ class ProxyAuditRecord(NamedTuple):
     """One proxied request's audit event, as the proxy records it.
 
     Stored as an :class:`AuditEvent` of kind ``proxy``, and read back as one;
-    its detail is empty, or ``{"ended": ended}`` when ``ended`` is not. A
+    its detail holds ``"ended": ended`` when ``ended`` is not empty, and
+    ``"as": {...}`` (who the cluster was told the caller is: ``user``,
+    ``groups``, and ``impersonated`` when that came from the caller's own
+    ``Impersonate-*``) when ``identity`` is not. A
     tuple, not an :class:`AuditEvent`, because one is made for every proxied
     request on the event loop: it costs a fifth as much to make, and the
     store turns ``time_us`` and ``ended`` into text itself.
@@ -213,6 +219,9 @@ class ProxyAuditRecord(NamedTuple):
     duration_ms: int
     #: Why it ended without its whole answer (a refusal, a cut), or empty.
     ended: str = ""
+    #: The identity sent to the cluster, a JSON object, or empty (refused before it was
+    #: decided).
+    identity: str = ""
 
 
 # --- Errors -------------------------------------------------------------------

@@ -89,14 +89,17 @@ _PROXY_AUDIT_CHUNKS = (256, 64, 16, 4, 1)
 
 # The time becomes encode_time's text in SQL: seconds by strftime, then the
 # microseconds, always six digits, and the UTC offset; the detail is SQLite's
-# JSON too, and the constant '{}' for a request answered in full.
+# JSON too: "ended" and "as" where they are not empty, else the constant '{}'.
 _INSERT_PROXY_AUDIT = (
     "INSERT INTO audit (time, user_name, cluster, kind, verb, path, status,"
     " bytes_in, bytes_out, duration_ms, detail)"
     " SELECT strftime('%Y-%m-%dT%H:%M:%S', column1 / 1000000, 'unixepoch')"
     " || printf('.%06d+00:00', column1 % 1000000),"
     " column2, column3, 'proxy', column4, column5, column6, column7, column8, column9,"
+    " CASE WHEN column11 = '' THEN"
     " CASE column10 WHEN '' THEN '{}' ELSE json_object('ended', column10) END"
+    " WHEN column10 = '' THEN json_object('as', json(column11))"
+    " ELSE json_object('ended', column10, 'as', json(column11)) END"
     " FROM (VALUES "
 )
 
@@ -104,7 +107,7 @@ _INSERT_PROXY_AUDIT = (
 @functools.cache
 def _insert_proxy_audit(rows: int) -> str:
     """The statement that inserts ``rows`` records (placeholders only: values are bound)."""
-    return _INSERT_PROXY_AUDIT + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * rows) + ")"
+    return _INSERT_PROXY_AUDIT + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * rows) + ")"
 
 
 def add_proxy_audit(db: sqlite3.Connection, records: list[ProxyAuditRecord]) -> int:

@@ -207,6 +207,7 @@ def grant_from_row(row: sqlite3.Row) -> Grant:
         as_groups=_decode_groups(row["as_groups"]),
         commands=bool(row["commands"]),
         impersonate=bool(row["impersonate"]),
+        impersonate_targets=_decode_groups(row["impersonate_targets"]),
     )
 
 

@@ -383,16 +383,19 @@ def set_grant(db: sqlite3.Connection, grant: Grant) -> None:
         encode_groups(grant.as_groups),
         int(bool(grant.commands)),
         int(bool(grant.impersonate)),
+        encode_groups(grant.impersonate_targets),
     )
     with transaction(db):
         _require_user(db, grant.user)
         _require_cluster(db, grant.cluster)
         db.execute(
-            "INSERT INTO grants (user_name, cluster, as_groups, commands, impersonate)"
-            " VALUES (?, ?, ?, ?, ?)"
+            "INSERT INTO grants"
+            " (user_name, cluster, as_groups, commands, impersonate, impersonate_targets)"
+            " VALUES (?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (user_name, cluster) DO UPDATE SET"
             " as_groups = excluded.as_groups, commands = excluded.commands,"
-            " impersonate = excluded.impersonate",
+            " impersonate = excluded.impersonate,"
+            " impersonate_targets = excluded.impersonate_targets",
             values,
         )
 

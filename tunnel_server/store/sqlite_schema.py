@@ -217,6 +217,13 @@ MIGRATIONS: tuple[Migration, ...] = (
             " (cluster, submitter, idempotency_key) WHERE idempotency_key IS NOT NULL",
         ),
     ),
+    Migration(
+        version=8,
+        description="whom an impersonate grant allows (empty: anyone under tunnel:)",
+        statements=(
+            "ALTER TABLE grants ADD COLUMN impersonate_targets TEXT NOT NULL DEFAULT '[]'",
+        ),
+    ),
 )
 """Every migration, in order; ``MIGRATIONS[i].version == i + 1``."""
 
