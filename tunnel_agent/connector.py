@@ -336,15 +336,27 @@ class Agent:
                 retry_after=_retry_after(headers),
             )
         if exc.status in (401, 403):
-            # The upgrade answer has no body; ask again without upgrading for the reason.
-            reason = f"HTTP {exc.status}"
-            try:
-                async with http.get(url, ssl=ssl_context) as response:
-                    reason = _message(await _json_answer(response))
-            except (aiohttp.ClientError, OSError, TimeoutError):
-                pass
+            reason = await self._reason(http, url, ssl_context, exc.status)
             return AgentRejectedError(f"the server refused this agent: {reason}")
+        if exc.status == 409:
+            # Another connection of this cluster serves (agent_takeover_refused): not
+            # final, since the one refused may be the real agent; wait as told.
+            reason = await self._reason(http, url, ssl_context, exc.status)
+            return ConnectError(
+                f"the server refused this connection for now: {reason}",
+                retry_after=_retry_after(headers),
+            )
         return ConnectError(f"the server refused the WebSocket upgrade: HTTP {exc.status}")
+
+    async def _reason(
+        self, http: aiohttp.ClientSession, url: str, ssl_context: ssl.SSLContext, status: int
+    ) -> str:
+        """Why the server refused: the upgrade answer has no body, so ask again without one."""
+        try:
+            async with http.get(url, ssl=ssl_context) as response:
+                return _message(await _json_answer(response))
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return f"HTTP {status}"
 
     def _certificate_error(self, exc: BaseException) -> ServerCertificateError:
         detail = getattr(exc, "verify_message", None) or str(exc)

@@ -209,6 +209,18 @@ class ServerMetrics:
             ["reason"],
             registry=r,
         )
+        self.agent_takeovers_refused = Counter(
+            "tunnel_server_agent_takeovers_refused",
+            "Agent connections refused because connections of their cluster from different "
+            "addresses kept replacing each other (two agents sharing one certificate), by "
+            "reason: flapping (the refusal that found it, once per back-off) or backoff "
+            "(refused while the cluster's back-off lasts).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("flapping", "backoff"):
+            # Present at zero from the start, so that an alert on increase() sees the first.
+            self.agent_takeovers_refused.labels(reason)
         self.agent_timeouts = Counter(
             "tunnel_server_agent_timeouts",
             "Agent sessions dropped because the agent did not answer a PING in time "

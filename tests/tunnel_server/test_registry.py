@@ -1,4 +1,5 @@
-"""How long a cluster's agent has been gone, which decides whether a 503 asks for a retry."""
+"""How long a cluster's agent has been gone, which decides whether a 503 asks for a retry;
+and when a new connection may take over the live one."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from tunnel_mux import Session
 from tunnel_server.agents.registry import AgentConnection, AgentRegistry
+from tunnel_server.agents.takeovers import TakeoverPolicy
 from tunnel_server.proxy.refusal import RECONNECT_EXPECTED, offline_refusal
 
 
@@ -21,10 +23,13 @@ class FakeSession:
     async def close(self, code: int = 0, reason: str = "") -> None:
         self.is_open = False
 
+    async def shutdown(self, grace: float) -> None:
+        self.is_open = False
 
-def connection(cluster: str = "prod-eu") -> AgentConnection:
+
+def connection(cluster: str = "prod-eu", remote: str = "10.0.0.1") -> AgentConnection:
     return AgentConnection(
-        cluster, cast(Session, FakeSession()), 1, "0.1.0", "10.0.0.1", datetime.now(UTC)
+        cluster, cast(Session, FakeSession()), 1, "0.1.0", remote, datetime.now(UTC)
     )
 
 
@@ -88,3 +93,45 @@ def test_only_an_agent_that_left_moments_ago_is_worth_a_retry(
     refusal = offline_refusal("c", offline_for)
     assert (refusal.code, refusal.reason, refusal.retry) == (503, "ServiceUnavailable", retry)
     assert refusal.message.endswith(message)
+
+
+async def test_connections_from_two_addresses_replacing_each_other_are_stopped() -> None:
+    registry = AgentRegistry(replace_grace=0.0)
+    registry.attach(connection(remote="10.0.0.1"))
+    for remote in ("10.0.0.2", "10.0.0.1"):
+        assert registry.admit("prod-eu", remote) is None
+        registry.attach(connection(remote=remote))
+    serving = registry.get("prod-eu")
+    refusal = registry.admit("prod-eu", "10.0.0.2")
+    assert refusal is not None
+    assert refusal.reason == "flapping"
+    assert (refusal.serving, refusal.newcomer) == ("10.0.0.1", "10.0.0.2")
+    assert registry.get("prod-eu") is serving
+    await registry.close(grace=0)
+
+
+async def test_a_newcomer_is_never_refused_when_no_connection_is_live() -> None:
+    """The one refused may be the real agent: once the other is gone, it comes back."""
+    registry = AgentRegistry(replace_grace=0.0, takeovers=TakeoverPolicy(limit=2))
+    registry.attach(first := connection(remote="10.0.0.1"))
+    assert registry.admit("prod-eu", "10.0.0.2") is None
+    registry.attach(connection(remote="10.0.0.2"))
+    assert registry.admit("prod-eu", "10.0.0.1") is not None  # flapping (limit 2)
+    registry.detach(first)
+    serving = registry.get("prod-eu")
+    assert serving is not None
+    registry.detach(serving)
+    assert registry.admit("prod-eu", "10.0.0.1") is None
+    await registry.close(grace=0)
+
+
+async def test_a_revoked_cluster_starts_afresh() -> None:
+    registry = AgentRegistry(replace_grace=0.0, takeovers=TakeoverPolicy(limit=2))
+    registry.attach(connection(remote="10.0.0.1"))
+    assert registry.admit("prod-eu", "10.0.0.2") is None
+    registry.attach(connection(remote="10.0.0.2"))
+    assert registry.admit("prod-eu", "10.0.0.1") is not None
+    await registry.disconnect("prod-eu", "the cluster's certificates were revoked")
+    registry.attach(connection(remote="10.0.0.3"))  # reinstalled, with a new certificate
+    assert registry.admit("prod-eu", "10.0.0.4") is None
+    await registry.close(grace=0)

@@ -3,7 +3,9 @@
 The cluster's identity comes from the client certificate alone (issued by
 this server's CA, in validity, not revoked); what the agent says in its HELLO
 is recorded but never trusted. The agent renews its certificate over the same
-socket with a ``cert.renew`` message.
+socket with a ``cert.renew`` message. A newcomer of a cluster whose connections
+from different addresses keep replacing each other is refused before its
+upgrade (``takeovers``): logged, audited and counted, as a key held twice.
 """
 
 from __future__ import annotations
@@ -33,12 +35,25 @@ from tunnel_pki.errors import PkiError
 from tunnel_pki.identity import ClientIdentity, verify_client_certificate
 from tunnel_server import __version__
 from tunnel_server.agents.registry import AgentConnection
+from tunnel_server.agents.takeovers import TakeoverRefusal
 from tunnel_server.clock import utcnow
 from tunnel_server.context import CONTEXT, ServerContext
-from tunnel_server.errors import ApiError, ForbiddenError, UnauthorizedError, UnavailableError
-from tunnel_server.store.base import NotFoundError, StoreError
+from tunnel_server.errors import (
+    ApiError,
+    ConflictError,
+    ForbiddenError,
+    UnauthorizedError,
+    UnavailableError,
+)
+from tunnel_server.store.base import AuditEvent, NotFoundError, StoreError
 
-__all__ = ["AGENT_SOCKET_PATH", "agent_socket", "client_identity", "setup_agent_socket"]
+__all__ = [
+    "AGENT_SOCKET_PATH",
+    "TAKEOVER_REFUSED",
+    "agent_socket",
+    "client_identity",
+    "setup_agent_socket",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +62,9 @@ AGENT_SOCKET_PATH = kinds.PATH_AGENT_CONNECT
 
 #: What to do about a revoked agent certificate.
 _REINSTALL = "reinstall the agent with a new bootstrap token (tunnelctl cluster token)"
+
+#: The audit verb (kind ``admin``) of a newcomer refused because agents flap.
+TAKEOVER_REFUSED = "agent.takeover-refused"
 
 
 class _Admission:
@@ -109,6 +127,9 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
             retry_after=random.uniform(1.0, settings.max_retry_after),  # noqa: S311 - jitter
             code="busy",
         )
+    refusal = context.registry.admit(identity.cluster, request.remote)
+    if refusal is not None:
+        await _refuse_takeover(context, identity, refusal)
     admission.pending += 1
     try:
         try:
@@ -200,6 +221,75 @@ async def _never_attached(
     await run
     context.metrics.untrack(session)
     return websocket
+
+
+async def _refuse_takeover(
+    context: ServerContext, identity: ClientIdentity, refusal: TakeoverRefusal
+) -> None:
+    """Report a newcomer refused for flapping, and raise its 409 (with Retry-After)."""
+    cluster = identity.cluster
+    context.metrics.agent_takeovers_refused.labels(refusal.reason).inc()
+    log = {"cluster": cluster, "remote": refusal.newcomer}
+    sources = ", ".join(refusal.sources)
+    if refusal.reason == "flapping":
+        # Once per back-off, not per attempt: a holder of the key that dials in a
+        # loop must not flood the log or the trail. Addresses and counts only.
+        serving = context.registry.get(cluster)
+        logger.warning(
+            "two agents seem to share cluster %s's certificate: connections from %s replaced "
+            "each other %d times within %.0fs; refused the one from %s for %.0fs, the one "
+            "from %s keeps serving. Revoke the cluster's certificates and reinstall its agent "
+            "(docs/troubleshooting.md)",
+            cluster,
+            sources,
+            refusal.takeovers,
+            refusal.window,
+            refusal.newcomer,
+            refusal.retry_after,
+            refusal.serving,
+            extra=log,
+        )
+        await context.audit.record(
+            AuditEvent(
+                id=None,
+                time=utcnow(),
+                user=None,
+                cluster=cluster,
+                kind="admin",
+                verb=TAKEOVER_REFUSED,
+                path=cluster,
+                status=ConflictError.status,
+                detail={
+                    "cluster": cluster,
+                    "refused": refusal.newcomer,
+                    "serving": refusal.serving,
+                    "sources": list(refusal.sources),
+                    "takeovers": refusal.takeovers,
+                    "window_seconds": refusal.window,
+                    "refused_for_seconds": refusal.retry_after,
+                    "same_certificate": serving is not None and serving.serial == identity.serial,
+                },
+            )
+        )
+    else:
+        logger.info(
+            "refused an agent connection: cluster %s is in its back-off after its connections "
+            "from %s flapped (%.0fs left)",
+            cluster,
+            sources,
+            refusal.retry_after,
+            extra=log,
+        )
+    # The newcomer may be the thief: it is not told where the cluster's agent is.
+    raise ConflictError(
+        f"another agent of cluster {cluster} is connected from another address, and the "
+        "cluster's connections kept replacing each other: two agents seem to share one "
+        "certificate (a copied Secret, or a stolen key). This connection is refused for "
+        f"{refusal.retry_after:.0f}s; an admin should revoke the cluster's certificates "
+        f"(tunnelctl cluster revoke {cluster}) and reinstall its agent",
+        code="agent_takeover_refused",
+        retry_after=refusal.retry_after,
+    )
 
 
 def setup_agent_socket(app: web.Application) -> None:

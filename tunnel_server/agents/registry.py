@@ -2,7 +2,10 @@
 
 One live session per cluster: a new connection from the same cluster takes
 over at once, and the one it replaces gets GOAWAY and a grace period for its
-open streams. The registry owns those retiring tasks.
+open streams, unless connections from different addresses keep replacing each
+other (two agents with one key: ``takeovers``), when the newcomer is refused
+before its upgrade (:meth:`AgentRegistry.admit`). The registry owns the
+retiring tasks.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from datetime import datetime
 
 from protocol import ErrorCode
 from tunnel_mux import Session
+from tunnel_server.agents.takeovers import TakeoverPolicy, TakeoverRefusal
 
 __all__ = ["AgentConnection", "AgentRegistry"]
 
@@ -36,13 +40,14 @@ class AgentConnection:
 class AgentRegistry:
     """The live agent connection of each cluster."""
 
-    def __init__(self, replace_grace: float) -> None:
+    def __init__(self, replace_grace: float, takeovers: TakeoverPolicy | None = None) -> None:
         self._agents: dict[str, AgentConnection] = {}
         #: When each cluster's agent left (time.monotonic), until it is back.
         #: Not for a cluster whose agent this server dropped (revoked, deleted).
         self._left: dict[str, float] = {}
         self._replace_grace = replace_grace
         self._retiring: set[asyncio.Task[None]] = set()
+        self._takeovers = takeovers or TakeoverPolicy()
 
     def get(self, cluster: str) -> AgentConnection | None:
         """The cluster's live connection, if its agent is connected."""
@@ -63,6 +68,20 @@ class AgentRegistry:
     def connected(self) -> dict[str, AgentConnection]:
         return {name: agent for name, agent in self._agents.items() if agent.session.is_open}
 
+    def admit(self, cluster: str, remote: str | None) -> TakeoverRefusal | None:
+        """Whether a new connection of ``cluster`` from ``remote`` may come (None), or why
+        not: connections from different addresses keep replacing each other.
+
+        Asked before the WebSocket upgrade; a newcomer admitted while a connection
+        is live counts as a takeover from that moment.
+        """
+        now = time.monotonic()
+        self._takeovers.sweep(now)
+        serving = self.get(cluster)
+        if serving is None:
+            return None  # nothing to take over: never refused, whatever came before
+        return self._takeovers.takeover(cluster, serving.remote_addr, remote, now)
+
     def attach(self, agent: AgentConnection) -> None:
         """Make ``agent`` the cluster's connection; retire the one it replaces."""
         old = self._agents.get(agent.cluster)
@@ -70,7 +89,10 @@ class AgentRegistry:
         self._left.pop(agent.cluster, None)
         if old is not None and old is not agent:
             logger.info(
-                "a new agent connection replaces the old one", extra={"cluster": agent.cluster}
+                "a new agent connection from %s replaces the one from %s",
+                agent.remote_addr,
+                old.remote_addr,
+                extra={"cluster": agent.cluster},
             )
             self._retire(old, self._replace_grace)
 
@@ -83,6 +105,7 @@ class AgentRegistry:
     async def disconnect(self, cluster: str, reason: str) -> bool:
         """Drop the cluster's connection now (revocation). True if there was one."""
         self._left.pop(cluster, None)  # not expected back
+        self._takeovers.forget(cluster)  # a reinstalled agent starts afresh
         agent = self._agents.pop(cluster, None)
         if agent is None:
             return False
