@@ -29,6 +29,7 @@ import msgpack
 from .errors import MalformedFrameError
 
 __all__ = [
+    "CLIENT_ADDRESS",
     "HOP_BY_HOP",
     "MAX_HEADERS",
     "MAX_PATH_LENGTH",
@@ -53,6 +54,27 @@ HOP_BY_HOP = frozenset(
         "trailer",
         "transfer-encoding",
         "upgrade",
+    }
+)
+
+#: What a client says of its own address (a proxy's word, when a proxy sets it):
+#: never relayed to an API server, which writes X-Forwarded-For and X-Real-Ip into
+#: its audit events' sourceIPs. Every ``x-forwarded-*`` header counts too.
+CLIENT_ADDRESS = frozenset(
+    {
+        "forwarded",
+        "forwarded-for",
+        "x-forwarded",
+        "x-real-ip",
+        "x-client-ip",
+        "client-ip",
+        "true-client-ip",
+        "x-cluster-client-ip",
+        "x-original-forwarded-for",
+        "x-originating-ip",
+        "cf-connecting-ip",
+        "fastly-client-ip",
+        "x-envoy-external-address",
     }
 )
 

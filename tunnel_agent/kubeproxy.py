@@ -24,7 +24,7 @@ from collections import Counter
 import aiohttp
 
 from protocol.errors import ErrorCode, MalformedFrameError
-from protocol.http import HOP_BY_HOP, Headers, RequestHead, encode_response_head
+from protocol.http import CLIENT_ADDRESS, HOP_BY_HOP, Headers, RequestHead, encode_response_head
 from protocol.kinds import HTTP_ACCESS_REVOKED
 from tunnel_kube import error_answer
 from tunnel_mux import MuxStream, SessionError, StreamResetError
@@ -45,32 +45,46 @@ __all__ = ["KubeProxy"]
 
 logger = logging.getLogger(__name__)
 
-# Headers the agent never passes to the API server: hop-by-hop ones, and
-# credentials (it sends its own).
-_DROPPED_REQUEST = HOP_BY_HOP | {
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "host",
-    # The server already answered the caller's Expect; the body streams as it comes.
-    "expect",
-}
+# Headers the agent never passes to the API server: hop-by-hop ones,
+# credentials (it sends its own), and claims of a client address, which the
+# agent cannot vouch for (kube-apiserver writes X-Forwarded-For and X-Real-Ip
+# into its audit events' sourceIPs). The server drops them too; the agent does
+# not count on it.
+_DROPPED_REQUEST = (
+    HOP_BY_HOP
+    | {
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "host",
+        # The server already answered the caller's Expect; the body streams as it comes.
+        "expect",
+    }
+    | CLIENT_ADDRESS
+)
+
+#: Dropped whatever follows them. X-Remote-*: the API server's front-proxy identity
+#: headers (--requestheader-*-headers' defaults); it reads them only from a client
+#: certificate it trusts for that, never the agent's token, but they name an
+#: identity and no request of a caller needs them (spelled with "_", the policy
+#: refuses them). X-Forwarded-*: a client's address, host or scheme.
+_DROPPED_PREFIXES = ("x-remote-", "x-forwarded-")
 
 
-#: The API server's front-proxy identity headers (--requestheader-*-headers' defaults):
-#: it reads them only from a client certificate it trusts for that, never the agent's
-#: token, but they name an identity and no request of a caller needs them.
-_FRONT_PROXY_IDENTITY = "x-remote-"
+def _passes(name: str) -> bool:
+    """Whether a caller's header goes on, read as a proxy that takes "_" for "-" would
+    read it (so ``X_Real_Ip`` is dropped as ``X-Real-Ip`` is)."""
+    folded = name.replace("_", "-")
+    if folded in _DROPPED_REQUEST or folded.startswith(_DROPPED_PREFIXES):
+        return False
+    # Content_Length: a second length in disguise, which frames nothing here.
+    return not (folded == "content-length" and folded != name)
 
 
 @functools.lru_cache(maxsize=64)
 def _forwarded(headers: Headers) -> Headers:
     """The caller's headers the agent passes on (remembered per block, as the policy's answer)."""
-    return tuple(
-        (name, value)
-        for name, value in headers
-        if name not in _DROPPED_REQUEST and not name.startswith(_FRONT_PROXY_IDENTITY)
-    )
+    return tuple((name, value) for name, value in headers if _passes(name))
 
 
 def _body_refusal(head: RequestHead, stream: MuxStream) -> Refusal | None:

@@ -3,7 +3,8 @@
 The cluster owner trusts the agent, not the server; so the agent checks every
 request before it reaches the API server, whatever the server allowed: only
 the API server as target (paths, never host:port, and only paths it cannot
-read otherwise than the agent does), only ``tunnel:`` identities, and
+read otherwise than the agent does), only ``tunnel:`` identities (and no
+identity header spelled with ``_``, which a proxy could read as one), and
 optionally read-only, a namespace scope, and no Secret values.
 
 No Secret values (the default) leaves one thing to do with Secrets: list their
@@ -29,6 +30,9 @@ from tunnel_kube import UNPLAIN_PATH, ApiRequest, is_plain_path, parse_api_reque
 __all__ = ["IDENTITY_PREFIX", "ProxyPolicy", "Refusal"]
 
 IDENTITY_PREFIX = "tunnel:"
+#: Headers that name an identity: impersonation, and the API server's front-proxy
+#: headers (--requestheader-*-headers' defaults, which kubeproxy.py drops).
+_IDENTITY_SHAPED = ("impersonate-", "x-remote-")
 
 #: Requests that only ask the API server about the caller itself: their groups and
 #: resources (cluster-scoped, created by a POST to the collection).
@@ -153,6 +157,10 @@ def _identity_refusal(headers: Headers) -> Refusal | None:
     user = None
     for name, value in headers:
         if not name.startswith("impersonate-"):
+            if "_" in name:
+                refusal = _disguised_identity(name)
+                if refusal is not None:
+                    return refusal
             continue
         if name not in ("impersonate-user", "impersonate-group"):
             return _forbidden(f"the {name} header is not allowed")
@@ -165,6 +173,24 @@ def _identity_refusal(headers: Headers) -> Refusal | None:
     if user is None:
         return _forbidden("the request carries no tunnel identity")
     return None
+
+
+def _disguised_identity(name: str) -> Refusal | None:
+    """Why a header spelled with "_" is refused, if it names an identity.
+
+    A proxy in front of the API server that reads "_" as "-" (as CGI-style
+    servers do) would take ``Impersonate_User`` for ``Impersonate-User``,
+    past the identity check above; ``X_Remote_User`` for the front-proxy
+    identity header. A request carrying one is trying something: refused,
+    not dropped.
+    """
+    folded = name.replace("_", "-")
+    if not folded.startswith(_IDENTITY_SHAPED):
+        return None
+    return _forbidden(
+        f"the {name[:64]} header is not allowed: a proxy that reads '_' as '-' would take it "
+        f"for {folded[:64]}, which names an identity"
+    )
 
 
 #: What a Table of Secrets may be written as.

@@ -3,14 +3,16 @@
 Every request reaches the API server as ``tunnel:<user>`` in ``tunnel:<group>``
 groups, by impersonation (docs/security.md); a caller's own ``Impersonate-*``
 headers pass only with an impersonate grant, inside the same prefix. The
-caller's credentials and hop-by-hop headers never go on.
+caller's credentials, hop-by-hop headers and claims of a client address never
+go on; other identity headers (``X-Remote-*``, or ``Impersonate-*`` spelled
+with ``_``) are refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from protocol.http import HOP_BY_HOP
+from protocol.http import CLIENT_ADDRESS, HOP_BY_HOP
 from tunnel_server.access.cache import AccessCache
 from tunnel_server.proxy.credential import Credential
 from tunnel_server.proxy.refusal import ProxyRefusal
@@ -30,16 +32,28 @@ IDENTITY_PREFIX = "tunnel:"
 #: How a group is named among an impersonate grant's targets (a bare name is a user).
 GROUP_TARGET = "group:"
 
-# Never forwarded: hop-by-hop headers, and the caller's own credentials.
-_DROPPED = HOP_BY_HOP | {
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "host",
-    "x-forwarded-for",
-    "x-forwarded-host",
-    "x-forwarded-proto",
-}
+# Never forwarded: hop-by-hop headers, the caller's own credentials, and what
+# the caller says of its address. kube-apiserver writes X-Forwarded-For and
+# X-Real-Ip into its audit events' sourceIPs; proxies and webhooks read the
+# others. A caller's word on its address is not this server's to pass on.
+_DROPPED = (
+    HOP_BY_HOP
+    | CLIENT_ADDRESS
+    | {
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "host",
+    }
+)
+#: Dropped whatever follows: X-Forwarded-For, -Host, -Proto, -Port, -Server ...
+_DROPPED_PREFIX = "x-forwarded-"
+#: Headers that name an identity, other than the Impersonate-* ones the server
+#: writes: the API server's front-proxy headers (--requestheader-*-headers'
+#: defaults), and Impersonate-* spelled with "_", which a proxy that reads "_"
+#: as "-" (as CGI-style servers do) would honour. A caller sending one is
+#: trying something: refused, not dropped.
+_IDENTITY_SHAPED = ("impersonate-", "x-remote-")
 
 
 def impersonation_headers(user: User, grant: Grant) -> list[tuple[str, str]]:
@@ -53,19 +67,58 @@ def impersonation_headers(user: User, grant: Grant) -> list[tuple[str, str]]:
 def forwarded_headers(
     headers: Iterable[tuple[str, str]], upgrade: str | None, user: User, grant: Grant
 ) -> list[tuple[str, str]]:
-    """The caller's headers as the agent gets them: no credentials, our identity."""
+    """The caller's headers as the agent gets them: no credentials, our identity.
+
+    Raises :class:`ProxyRefusal` for a header that names an identity other
+    than ``Impersonate-*`` (``X-Remote-User``, ``Impersonate_User``).
+    """
     forwarded: list[tuple[str, str]] = []
     impersonated: list[tuple[str, str]] = []
     for name, value in headers:
         if name.startswith("impersonate-"):
             impersonated.append((name, value))
-        elif name not in _DROPPED and not (upgrade is not None and name == "content-length"):
+        elif _passes(name, upgrade is not None):
             forwarded.append((name, value))
     if upgrade is not None:
         forwarded.append(("connection", "Upgrade"))
         forwarded.append(("upgrade", upgrade))
     forwarded.extend(identity_headers(impersonated, user, grant))
     return forwarded
+
+
+def _passes(name: str, upgrade: bool) -> bool:
+    """Whether the caller's header ``name`` (lower case, not ``impersonate-*``) goes on.
+
+    Read as a proxy that takes "_" for "-" would read it, so that no spelling
+    slips past: ``X_Real_Ip`` is dropped as ``X-Real-Ip`` is. Raises
+    :class:`ProxyRefusal` for a header that names an identity.
+    """
+    folded = name.replace("_", "-")
+    if folded.startswith(_IDENTITY_SHAPED):
+        raise _identity_shaped_refusal(name, folded)
+    if folded in _DROPPED or folded.startswith(_DROPPED_PREFIX):
+        return False
+    if folded == "content-length":
+        # An upgrade carries no body; a second length in disguise frames nothing.
+        return not upgrade and folded == name
+    return True
+
+
+def _identity_shaped_refusal(name: str, folded: str) -> ProxyRefusal:
+    """The 403 for a caller's header that names an identity other than by Impersonate-*."""
+    spelled = (
+        ""
+        if folded == name
+        else f" (a proxy that reads '_' as '-' would take it for {folded[:64]})"
+    )
+    if folded.startswith("x-remote-"):
+        why = (
+            "X-Remote-* headers name an identity to an API server behind an authenticating "
+            "proxy; the cluster learns who the caller is from this server alone"
+        )
+    else:
+        why = "impersonation goes in Impersonate-User and Impersonate-Group only (kubectl --as)"
+    return ProxyRefusal(403, "Forbidden", f"the {name[:64]} header is refused{spelled}: {why}")
 
 
 def identity_headers(
