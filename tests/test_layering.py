@@ -51,7 +51,7 @@ ALLOWED: dict[str, tuple[set[str], set[str]]] = {
     ),
     "tunnel_server": (
         {"protocol", "tunnel_cli", "tunnel_commands", "tunnel_kube", "tunnel_mux", "tunnel_pki"},
-        {"aiohttp", "yarl", "multidict", "prometheus_client", "yaml", "cryptography"},
+        {"aiohttp", "yarl", "multidict", "prometheus_client", "yaml", "cryptography", "asyncpg"},
     ),
 }
 #: Standard-library modules that would make the protocol package do I/O.

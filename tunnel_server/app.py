@@ -43,10 +43,24 @@ from tunnel_server.proxy.kubeproxy import setup_kube_proxy
 from tunnel_server.proxy.live_requests import LiveRequests
 from tunnel_server.retention import Pruner
 from tunnel_server.statedir import ServerIdentity, StateLock, ensure_admin, prepare_state_dir
-from tunnel_server.store.base import AlreadyExistsError, NotFoundError, QueueFullError, StoreError
+from tunnel_server.store.base import (
+    AlreadyExistsError,
+    NotFoundError,
+    QueueFullError,
+    Store,
+    StoreError,
+)
+from tunnel_server.store.postgres import PostgresStore
 from tunnel_server.store.sqlite import SqliteStore
 
-__all__ = ["create_app", "run_server", "set_tls_read_buffer", "start_server", "stop_server"]
+__all__ = [
+    "create_app",
+    "open_store",
+    "run_server",
+    "set_tls_read_buffer",
+    "start_server",
+    "stop_server",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +91,7 @@ def _lifecycle(
     settings: ServerSettings, identity: ServerIdentity
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        store = await SqliteStore.open(settings.state_dir / "state.db")
+        store = await open_store(settings)
         try:
             await ensure_admin(store, settings.state_dir, utcnow())
             audit = AuditWriter(store)
@@ -117,6 +131,18 @@ def _lifecycle(
             await store.close()
 
     return lifecycle
+
+
+async def open_store(settings: ServerSettings) -> Store:
+    """The store ``settings`` name: PostgreSQL at ``store.database``, else SQLite in the
+    state directory (the URL's password is never logged: ``PostgresStore.where``)."""
+    if settings.store.database is None:
+        return await SqliteStore.open(settings.state_dir / "state.db")
+    return await PostgresStore.open(
+        settings.store.database,
+        max_connections=settings.store.max_connections,
+        statement_timeout=settings.store.statement_timeout,
+    )
 
 
 async def _say_close(request: web.Request, response: web.StreamResponse) -> None:

@@ -26,6 +26,7 @@ from tunnel_server.config import (
     IdentitySettings,
     ListenSettings,
     ServerSettings,
+    StoreSettings,
     TlsSettings,
     TunnelSettings,
 )
@@ -51,6 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
         env + "STATE_DIR",
         default="./state",
         help="directory for the CA, certificates, admin token and database",
+    )
+    env_flag(
+        serve,
+        "--database",
+        env + "DATABASE",
+        default=None,
+        help="postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE of a PostgreSQL database "
+        "that server replicas share (default: the SQLite file state.db in --state-dir)",
     )
     env_flag(
         serve,
@@ -256,6 +265,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             max_pending=_positive(args.max_pending_commands, "--max-pending-commands"),
             agent_return_grace=parse_duration(args.agent_return_grace).total_seconds(),
         ),
+        store=StoreSettings(database=args.database or None),
         agent_image=args.agent_image,
         audit_retention=_retention(args.audit_retention, "--audit-retention"),
         command_retention=_retention(args.command_retention, "--command-retention"),

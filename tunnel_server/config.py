@@ -22,6 +22,7 @@ __all__ = [
     "IdentitySettings",
     "ListenSettings",
     "ServerSettings",
+    "StoreSettings",
     "TlsSettings",
     "TunnelSettings",
 ]
@@ -145,6 +146,34 @@ class CommandSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """Where the server keeps its state: SQLite in the state directory, or PostgreSQL."""
+
+    #: A PostgreSQL URL (``postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE``) of a
+    #: database several replicas may share; None: the SQLite file ``state.db`` in the
+    #: state directory. Kept out of ``repr`` so that a password never reaches a log.
+    database: str | None = field(default=None, repr=False)
+    #: The most connections to PostgreSQL this server opens.
+    max_connections: int = 10
+    #: Seconds a PostgreSQL statement may run before the server cancels it.
+    statement_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.database is not None:
+            scheme = urlsplit(self.database).scheme
+            if scheme not in ("postgresql", "postgres"):
+                raise ConfigError(
+                    "the state database must be a postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+                    f" URL, not one of scheme {scheme!r} (leave it unset for SQLite in the"
+                    " state directory)"
+                )
+        if self.max_connections < 1:
+            raise ConfigError("the database pool needs at least one connection")
+        if self.statement_timeout <= 0:
+            raise ConfigError("the database statement timeout must be positive")
+
+
+@dataclass(frozen=True, slots=True)
 class ServerSettings:
     state_dir: Path
     listen: ListenSettings = field(default_factory=ListenSettings)
@@ -152,6 +181,7 @@ class ServerSettings:
     identity: IdentitySettings = field(default_factory=IdentitySettings)
     tunnel: TunnelSettings = field(default_factory=TunnelSettings)
     commands: CommandSettings = field(default_factory=CommandSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
     #: How long audit events are kept.
     audit_retention: timedelta = timedelta(days=90)
     #: How long a finished command (its record, result and log) is kept.

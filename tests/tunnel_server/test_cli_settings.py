@@ -42,6 +42,15 @@ SERVER_FLAGS = [
         Path("state-flag"),
     ),
     FlagCase(
+        "--database",
+        "TUNNEL_SERVER_DATABASE",
+        "postgresql://tunnel@db-env/tunnel",
+        "postgresql://tunnel@db-flag:5433/tunnel",
+        lambda a, s: s.store.database,
+        "postgresql://tunnel@db-env/tunnel",
+        "postgresql://tunnel@db-flag:5433/tunnel",
+    ),
+    FlagCase(
         "--listen",
         "TUNNEL_SERVER_LISTEN",
         "127.0.0.2:7000",

@@ -13,6 +13,7 @@ from tunnel_server.store import (
     BootstrapTokenError,
     InvalidValueError,
     NotFoundError,
+    PostgresStore,
     SchemaVersionError,
     SqliteStore,
     Store,
@@ -105,3 +106,8 @@ def test_records_are_frozen() -> None:
 def test_sqlite_store_implements_every_abstract_method() -> None:
     assert issubclass(SqliteStore, Store)
     assert not getattr(SqliteStore, "__abstractmethods__", frozenset())
+
+
+def test_postgres_store_implements_every_abstract_method() -> None:
+    assert issubclass(PostgresStore, Store)
+    assert not getattr(PostgresStore, "__abstractmethods__", frozenset())

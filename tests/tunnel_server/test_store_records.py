@@ -1,10 +1,8 @@
-"""The store's clusters, certificates, users, API tokens and grants, on a real SQLite file."""
+"""The store's clusters, certificates, users, API tokens and grants, on each engine."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 
@@ -13,7 +11,7 @@ from tunnel_server.store import (
     Grant,
     InvalidValueError,
     NotFoundError,
-    SqliteStore,
+    Store,
     TokenUnknownError,
     hash_token,
 )
@@ -24,17 +22,10 @@ LATER = NOW + timedelta(hours=1)
 DAY = timedelta(days=1)
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    store = await SqliteStore.open(tmp_path / "state.db")
-    yield store
-    await store.close()
-
-
 # --- clusters -------------------------------------------------------------------
 
 
-async def test_add_cluster_returns_what_get_cluster_reads_back(store: SqliteStore) -> None:
+async def test_add_cluster_returns_what_get_cluster_reads_back(store: Store) -> None:
     added = await store.add_cluster("prod", NOW)
     assert added.name == "prod"
     assert added.created_at == NOW
@@ -44,31 +35,31 @@ async def test_add_cluster_returns_what_get_cluster_reads_back(store: SqliteStor
     assert await store.get_cluster("prod") == added
 
 
-async def test_add_cluster_keeps_the_rbac_mode_given(store: SqliteStore) -> None:
+async def test_add_cluster_keeps_the_rbac_mode_given(store: Store) -> None:
     await store.add_cluster("prod", NOW, rbac="readonly")
     assert (await store.get_cluster("prod")).rbac == "readonly"
 
 
-async def test_adding_a_cluster_twice_raises_already_exists(store: SqliteStore) -> None:
+async def test_adding_a_cluster_twice_raises_already_exists(store: Store) -> None:
     await store.add_cluster("prod", NOW)
     with pytest.raises(AlreadyExistsError, match="'prod' already exists"):
         await store.add_cluster("prod", LATER)
     assert (await store.get_cluster("prod")).created_at == NOW
 
 
-async def test_get_cluster_of_an_unknown_name_raises_not_found(store: SqliteStore) -> None:
+async def test_get_cluster_of_an_unknown_name_raises_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError, match="no cluster 'nope'"):
         await store.get_cluster("nope")
 
 
-async def test_list_clusters_returns_every_cluster_by_name(store: SqliteStore) -> None:
+async def test_list_clusters_returns_every_cluster_by_name(store: Store) -> None:
     assert await store.list_clusters() == []
     for name in ("b", "c", "a"):
         await store.add_cluster(name, NOW)
     assert [c.name for c in await store.list_clusters()] == ["a", "b", "c"]
 
 
-async def test_times_are_returned_in_utc_with_microseconds(store: SqliteStore) -> None:
+async def test_times_are_returned_in_utc_with_microseconds(store: Store) -> None:
     tokyo = timezone(timedelta(hours=9))
     local = datetime(2024, 5, 1, 21, 0, 0, 123456, tzinfo=tokyo)
     added = await store.add_cluster("prod", local)
@@ -79,13 +70,13 @@ async def test_times_are_returned_in_utc_with_microseconds(store: SqliteStore) -
     assert read.created_at.microsecond == 123456
 
 
-async def test_naive_times_are_refused(store: SqliteStore) -> None:
+async def test_naive_times_are_refused(store: Store) -> None:
     with pytest.raises(InvalidValueError, match="timezone-aware"):
         await store.add_cluster("prod", datetime(2024, 5, 1, 12, 0))
     assert await store.list_clusters() == []
 
 
-async def test_record_connection_persists_what_is_known_of_the_agent(store: SqliteStore) -> None:
+async def test_record_connection_persists_what_is_known_of_the_agent(store: Store) -> None:
     await store.add_cluster("prod", NOW)
     recorded = await store.record_connection("prod", "0.4.1", "192.0.2.7:50123", NOW, LATER)
     assert recorded == await store.get_cluster("prod")
@@ -95,7 +86,7 @@ async def test_record_connection_persists_what_is_known_of_the_agent(store: Sqli
     assert recorded.last_seen == LATER
 
 
-async def test_record_connection_on_disconnect_clears_connected_since(store: SqliteStore) -> None:
+async def test_record_connection_on_disconnect_clears_connected_since(store: Store) -> None:
     await store.add_cluster("prod", NOW)
     await store.record_connection("prod", "0.4.1", "192.0.2.7:50123", NOW, NOW)
     recorded = await store.record_connection("prod", "0.4.1", "192.0.2.7:50123", None, LATER)
@@ -104,13 +95,13 @@ async def test_record_connection_on_disconnect_clears_connected_since(store: Sql
 
 
 async def test_record_connection_of_an_unknown_cluster_raises_not_found(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     with pytest.raises(NotFoundError):
         await store.record_connection("nope", "0.4.1", None, NOW, NOW)
 
 
-async def test_touch_cluster_updates_last_seen_only(store: SqliteStore) -> None:
+async def test_touch_cluster_updates_last_seen_only(store: Store) -> None:
     await store.add_cluster("prod", NOW)
     await store.record_connection("prod", "0.4.1", "192.0.2.7:1", NOW, NOW)
     await store.touch_cluster("prod", LATER)
@@ -119,12 +110,12 @@ async def test_touch_cluster_updates_last_seen_only(store: SqliteStore) -> None:
     assert (cluster.agent_version, cluster.connected_since) == ("0.4.1", NOW)
 
 
-async def test_touch_cluster_of_an_unknown_cluster_raises_not_found(store: SqliteStore) -> None:
+async def test_touch_cluster_of_an_unknown_cluster_raises_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError):
         await store.touch_cluster("nope", NOW)
 
 
-async def test_delete_cluster_forgets_it(store: SqliteStore) -> None:
+async def test_delete_cluster_forgets_it(store: Store) -> None:
     await store.add_cluster("prod", NOW)
     await store.delete_cluster("prod")
     assert await store.list_clusters() == []
@@ -132,12 +123,12 @@ async def test_delete_cluster_forgets_it(store: SqliteStore) -> None:
         await store.get_cluster("prod")
 
 
-async def test_delete_cluster_of_an_unknown_name_raises_not_found(store: SqliteStore) -> None:
+async def test_delete_cluster_of_an_unknown_name_raises_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError):
         await store.delete_cluster("nope")
 
 
-async def test_delete_cluster_cascades_to_its_tokens_and_grants_only(store: SqliteStore) -> None:
+async def test_delete_cluster_cascades_to_its_tokens_and_grants_only(store: Store) -> None:
     for name in ("prod", "dev"):
         await store.add_cluster(name, NOW)
         await store.add_bootstrap_token(hash_token(name), name, NOW, LATER)
@@ -154,7 +145,7 @@ async def test_delete_cluster_cascades_to_its_tokens_and_grants_only(store: Sqli
     assert (await store.get_user("ann")).name == "ann"
 
 
-async def test_delete_cluster_revokes_its_certificates_for_good(store: SqliteStore) -> None:
+async def test_delete_cluster_revokes_its_certificates_for_good(store: Store) -> None:
     await store.add_cluster("prod", NOW)
     await store.record_certificate(1, "prod", "fp1", NOW, NOW + DAY)
     await store.delete_cluster("prod", now=LATER)
@@ -164,7 +155,7 @@ async def test_delete_cluster_revokes_its_certificates_for_good(store: SqliteSto
     assert await store.revoked_serials() == {1}
 
 
-async def test_delete_cluster_keeps_the_earlier_revocation_time(store: SqliteStore) -> None:
+async def test_delete_cluster_keeps_the_earlier_revocation_time(store: Store) -> None:
     await store.add_cluster("prod", NOW)
     await store.record_certificate(1, "prod", "fp1", NOW, NOW + DAY)
     await store.revoke_cluster_certificates("prod", NOW)
@@ -176,7 +167,7 @@ async def test_delete_cluster_keeps_the_earlier_revocation_time(store: SqliteSto
 
 
 async def test_record_certificate_returns_what_get_certificate_reads_back(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     await store.add_cluster("prod", NOW)
     recorded = await store.record_certificate(0x1F, "prod", "sha256:00ff", NOW, NOW + DAY)
@@ -186,7 +177,7 @@ async def test_record_certificate_returns_what_get_certificate_reads_back(
     assert await store.get_certificate(0x1F) == recorded
 
 
-async def test_serials_of_160_bits_round_trip(store: SqliteStore) -> None:
+async def test_serials_of_160_bits_round_trip(store: Store) -> None:
     await store.add_cluster("prod", NOW)
     serial = 2**160 - 1
     await store.record_certificate(serial, "prod", "fp", NOW, NOW + DAY)
@@ -194,13 +185,13 @@ async def test_serials_of_160_bits_round_trip(store: SqliteStore) -> None:
 
 
 @pytest.mark.parametrize("serial", [-1, 2**160])
-async def test_serials_outside_x509_range_are_refused(store: SqliteStore, serial: int) -> None:
+async def test_serials_outside_x509_range_are_refused(store: Store, serial: int) -> None:
     await store.add_cluster("prod", NOW)
     with pytest.raises(InvalidValueError, match="160 bits"):
         await store.record_certificate(serial, "prod", "fp", NOW, NOW + DAY)
 
 
-async def test_recording_a_serial_twice_raises_already_exists(store: SqliteStore) -> None:
+async def test_recording_a_serial_twice_raises_already_exists(store: Store) -> None:
     await store.add_cluster("prod", NOW)
     await store.record_certificate(7, "prod", "fp", NOW, NOW + DAY)
     with pytest.raises(AlreadyExistsError, match="0x7"):
@@ -208,19 +199,19 @@ async def test_recording_a_serial_twice_raises_already_exists(store: SqliteStore
 
 
 async def test_record_certificate_for_an_unknown_cluster_raises_not_found(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     with pytest.raises(NotFoundError, match="no cluster 'nope'"):
         await store.record_certificate(7, "nope", "fp", NOW, NOW + DAY)
 
 
-async def test_get_certificate_of_an_unknown_serial_raises_not_found(store: SqliteStore) -> None:
+async def test_get_certificate_of_an_unknown_serial_raises_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError, match="0xabc"):
         await store.get_certificate(0xABC)
 
 
 async def test_revoke_cluster_certificates_revokes_that_clusters_unrevoked_ones(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     for name in ("prod", "dev"):
         await store.add_cluster(name, NOW)
@@ -241,7 +232,7 @@ async def test_revoke_cluster_certificates_revokes_that_clusters_unrevoked_ones(
 
 
 async def test_revoke_cluster_certificates_of_an_unknown_cluster_raises_not_found(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     with pytest.raises(NotFoundError):
         await store.revoke_cluster_certificates("nope", NOW)
@@ -250,7 +241,7 @@ async def test_revoke_cluster_certificates_of_an_unknown_cluster_raises_not_foun
 # --- users ----------------------------------------------------------------------
 
 
-async def test_add_user_returns_what_get_user_reads_back(store: SqliteStore) -> None:
+async def test_add_user_returns_what_get_user_reads_back(store: Store) -> None:
     added = await store.add_user("ann", ("dev", "ops"), True, NOW)
     assert (added.name, added.groups, added.is_admin, added.created_at) == (
         "ann",
@@ -261,29 +252,29 @@ async def test_add_user_returns_what_get_user_reads_back(store: SqliteStore) -> 
     assert await store.get_user("ann") == added
 
 
-async def test_adding_a_user_twice_raises_already_exists(store: SqliteStore) -> None:
+async def test_adding_a_user_twice_raises_already_exists(store: Store) -> None:
     await store.add_user("ann", (), False, NOW)
     with pytest.raises(AlreadyExistsError, match="'ann' already exists"):
         await store.add_user("ann", ("x",), True, NOW)
 
 
-async def test_groups_must_be_a_tuple_of_strings(store: SqliteStore) -> None:
+async def test_groups_must_be_a_tuple_of_strings(store: Store) -> None:
     with pytest.raises(InvalidValueError, match="tuple of strings"):
         await store.add_user("ann", ("dev", 3), False, NOW)  # type: ignore[arg-type]
 
 
-async def test_get_user_of_an_unknown_name_raises_not_found(store: SqliteStore) -> None:
+async def test_get_user_of_an_unknown_name_raises_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError, match="no user 'nope'"):
         await store.get_user("nope")
 
 
-async def test_list_users_returns_every_user_by_name(store: SqliteStore) -> None:
+async def test_list_users_returns_every_user_by_name(store: Store) -> None:
     for name in ("bob", "ann"):
         await store.add_user(name, (), False, NOW)
     assert [u.name for u in await store.list_users()] == ["ann", "bob"]
 
 
-async def test_delete_user_cascades_to_their_tokens_and_grants(store: SqliteStore) -> None:
+async def test_delete_user_cascades_to_their_tokens_and_grants(store: Store) -> None:
     await store.add_cluster("prod", NOW)
     for name in ("ann", "bob"):
         await store.add_user(name, (), False, NOW)
@@ -298,7 +289,7 @@ async def test_delete_user_cascades_to_their_tokens_and_grants(store: SqliteStor
     assert await store.find_user_by_token(hash_token("bob")) is not None
 
 
-async def test_delete_user_of_an_unknown_name_raises_not_found(store: SqliteStore) -> None:
+async def test_delete_user_of_an_unknown_name_raises_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError):
         await store.delete_user("nope")
 
@@ -306,14 +297,14 @@ async def test_delete_user_of_an_unknown_name_raises_not_found(store: SqliteStor
 # --- API tokens -----------------------------------------------------------------
 
 
-async def test_find_user_by_token_finds_the_tokens_user(store: SqliteStore) -> None:
+async def test_find_user_by_token_finds_the_tokens_user(store: Store) -> None:
     ann = await store.add_user("ann", ("dev",), False, NOW)
     token = await store.add_api_token(hash_token("secret"), "ann", NOW)
     assert (token.user, token.created_at, token.last_used_at) == ("ann", NOW, None)
     assert await store.find_user_by_token(hash_token("secret")) == ann
 
 
-async def test_a_token_with_an_expiry_is_refused_from_then_on(store: SqliteStore) -> None:
+async def test_a_token_with_an_expiry_is_refused_from_then_on(store: Store) -> None:
     ann = await store.add_user("ann", (), False, NOW)
     expires_at = NOW + timedelta(hours=8)
     token = await store.add_api_token(hash_token("secret"), "ann", NOW, expires_at)
@@ -326,7 +317,7 @@ async def test_a_token_with_an_expiry_is_refused_from_then_on(store: SqliteStore
 
 
 async def test_a_token_with_an_expiry_is_checked_against_the_clock_without_now(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     await store.add_user("ann", (), False, NOW)
     # NOW is in 2024: the token made then for a day has expired by the clock.
@@ -337,7 +328,7 @@ async def test_a_token_with_an_expiry_is_checked_against_the_clock_without_now(
 
 
 async def test_tokens_that_expired_are_forgotten_when_another_is_added(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     for name in ("ann", "bob"):
         await store.add_user(name, (), False, NOW)
@@ -353,11 +344,11 @@ async def test_tokens_that_expired_are_forgotten_when_another_is_added(
     }
 
 
-async def test_find_user_by_an_unknown_token_returns_none(store: SqliteStore) -> None:
+async def test_find_user_by_an_unknown_token_returns_none(store: Store) -> None:
     assert await store.find_user_by_token(hash_token("nobody's")) is None
 
 
-async def test_raw_tokens_are_refused_in_place_of_hashes(store: SqliteStore) -> None:
+async def test_raw_tokens_are_refused_in_place_of_hashes(store: Store) -> None:
     await store.add_user("ann", (), False, NOW)
     with pytest.raises(InvalidValueError, match="hash_token"):
         await store.add_api_token("tat_a-raw-token", "ann", NOW)
@@ -365,19 +356,19 @@ async def test_raw_tokens_are_refused_in_place_of_hashes(store: SqliteStore) -> 
         await store.find_user_by_token("tat_a-raw-token")
 
 
-async def test_add_api_token_for_an_unknown_user_raises_not_found(store: SqliteStore) -> None:
+async def test_add_api_token_for_an_unknown_user_raises_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError):
         await store.add_api_token(hash_token("t"), "nope", NOW)
 
 
-async def test_adding_an_api_token_twice_raises_already_exists(store: SqliteStore) -> None:
+async def test_adding_an_api_token_twice_raises_already_exists(store: Store) -> None:
     await store.add_user("ann", (), False, NOW)
     await store.add_api_token(hash_token("t"), "ann", NOW)
     with pytest.raises(AlreadyExistsError):
         await store.add_api_token(hash_token("t"), "ann", NOW)
 
 
-async def test_a_user_may_hold_several_tokens(store: SqliteStore) -> None:
+async def test_a_user_may_hold_several_tokens(store: Store) -> None:
     await store.add_user("ann", (), False, NOW)
     await store.add_api_token(hash_token("one"), "ann", NOW)
     await store.add_api_token(hash_token("two"), "ann", LATER)
@@ -385,7 +376,7 @@ async def test_a_user_may_hold_several_tokens(store: SqliteStore) -> None:
     assert [t.token_hash for t in tokens] == [hash_token("one"), hash_token("two")]
 
 
-async def test_find_user_by_token_records_use_at_most_once_a_minute(store: SqliteStore) -> None:
+async def test_find_user_by_token_records_use_at_most_once_a_minute(store: Store) -> None:
     await store.add_user("ann", (), False, NOW)
     await store.add_api_token(hash_token("t"), "ann", NOW)
 
@@ -402,12 +393,12 @@ async def test_find_user_by_token_records_use_at_most_once_a_minute(store: Sqlit
     assert await last_used() == LATER
 
 
-async def test_list_api_tokens_of_an_unknown_user_raises_not_found(store: SqliteStore) -> None:
+async def test_list_api_tokens_of_an_unknown_user_raises_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError):
         await store.list_api_tokens("nope")
 
 
-async def test_revoke_api_tokens_deletes_that_users_tokens(store: SqliteStore) -> None:
+async def test_revoke_api_tokens_deletes_that_users_tokens(store: Store) -> None:
     for name in ("ann", "bob"):
         await store.add_user(name, (), False, NOW)
     await store.add_api_token(hash_token("a1"), "ann", NOW)
@@ -422,7 +413,7 @@ async def test_revoke_api_tokens_deletes_that_users_tokens(store: SqliteStore) -
     assert (await store.get_user("ann")).name == "ann"
 
 
-async def test_revoke_api_tokens_of_an_unknown_user_raises_not_found(store: SqliteStore) -> None:
+async def test_revoke_api_tokens_of_an_unknown_user_raises_not_found(store: Store) -> None:
     with pytest.raises(NotFoundError):
         await store.revoke_api_tokens("nope")
 
@@ -431,7 +422,7 @@ async def test_revoke_api_tokens_of_an_unknown_user_raises_not_found(store: Sqli
 
 
 @pytest.fixture
-async def people(store: SqliteStore) -> SqliteStore:
+async def people(store: Store) -> Store:
     """Users ann and bob, clusters prod and dev."""
     for user in ("ann", "bob"):
         await store.add_user(user, (), False, NOW)
@@ -440,13 +431,13 @@ async def people(store: SqliteStore) -> SqliteStore:
     return store
 
 
-async def test_set_grant_stores_what_get_grant_reads_back(people: SqliteStore) -> None:
+async def test_set_grant_stores_what_get_grant_reads_back(people: Store) -> None:
     grant = Grant("ann", "prod", ("view", "edit"), commands=True, impersonate=True)
     await people.set_grant(grant)
     assert await people.get_grant("ann", "prod") == grant
 
 
-async def test_a_grant_keeps_whom_its_user_may_impersonate(people: SqliteStore) -> None:
+async def test_a_grant_keeps_whom_its_user_may_impersonate(people: Store) -> None:
     grant = Grant("ann", "prod", impersonate=True, impersonate_targets=("bob", "group:ops"))
     await people.set_grant(grant)
     assert await people.get_grant("ann", "prod") == grant
@@ -455,14 +446,14 @@ async def test_a_grant_keeps_whom_its_user_may_impersonate(people: SqliteStore) 
     assert await people.list_grants() == [narrower]
 
 
-async def test_set_grant_replaces_the_existing_grant(people: SqliteStore) -> None:
+async def test_set_grant_replaces_the_existing_grant(people: Store) -> None:
     await people.set_grant(Grant("ann", "prod", ("view",), commands=True))
     await people.set_grant(Grant("ann", "prod", ("admin",), impersonate=True))
     assert await people.list_grants() == [Grant("ann", "prod", ("admin",), impersonate=True)]
 
 
 async def test_set_grant_for_an_unknown_user_or_cluster_raises_not_found(
-    people: SqliteStore,
+    people: Store,
 ) -> None:
     with pytest.raises(NotFoundError, match="no user 'nope'"):
         await people.set_grant(Grant("nope", "prod"))
@@ -470,12 +461,12 @@ async def test_set_grant_for_an_unknown_user_or_cluster_raises_not_found(
         await people.set_grant(Grant("ann", "nope"))
 
 
-async def test_get_grant_that_does_not_exist_raises_not_found(people: SqliteStore) -> None:
+async def test_get_grant_that_does_not_exist_raises_not_found(people: Store) -> None:
     with pytest.raises(NotFoundError, match="'ann' has no grant on cluster 'prod'"):
         await people.get_grant("ann", "prod")
 
 
-async def test_list_grants_filters_by_user_and_cluster(people: SqliteStore) -> None:
+async def test_list_grants_filters_by_user_and_cluster(people: Store) -> None:
     grants = [Grant(u, c) for u in ("ann", "bob") for c in ("dev", "prod")]
     for grant in reversed(grants):
         await people.set_grant(grant)
@@ -486,7 +477,7 @@ async def test_list_grants_filters_by_user_and_cluster(people: SqliteStore) -> N
     assert await people.list_grants(user="nobody") == []
 
 
-async def test_delete_grant_removes_only_that_grant(people: SqliteStore) -> None:
+async def test_delete_grant_removes_only_that_grant(people: Store) -> None:
     await people.set_grant(Grant("ann", "prod"))
     await people.set_grant(Grant("ann", "dev"))
     await people.delete_grant("ann", "prod")

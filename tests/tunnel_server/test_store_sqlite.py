@@ -11,19 +11,16 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import closing, contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
 from tunnel_server.store import (
-    AuditEvent,
     Cluster,
-    Grant,
     SchemaVersionError,
     SqliteStore,
-    StoreClosedError,
     StoreError,
     hash_token,
     sqlite_ops,
@@ -98,40 +95,6 @@ async def test_existing_file_others_can_read_is_reported(
 async def test_database_runs_in_wal_mode(store: SqliteStore, path: Path) -> None:
     with _raw(path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-
-
-async def test_data_survives_closing_and_reopening(path: Path) -> None:
-    store = await SqliteStore.open(path)
-    await store.add_cluster("prod", NOW, rbac="readonly")
-    await store.record_connection("prod", "1.2.3", "10.0.0.1:4242", NOW, NOW)
-    await store.add_bootstrap_token(hash_token("t"), "prod", NOW, NOW + timedelta(hours=1))
-    await store.record_certificate(0xABC, "prod", "sha256:ab", NOW, NOW + timedelta(days=1))
-    await store.add_user("ann", ("dev",), False, NOW)
-    await store.add_api_token(hash_token("api"), "ann", NOW)
-    await store.set_grant(Grant("ann", "prod", ("view",), commands=True))
-    event = await store.add_audit(AuditEvent(None, NOW, "ann", "prod", "proxy", "get"))
-    await store.close()
-
-    reopened = await SqliteStore.open(path)
-    try:
-        cluster = await reopened.get_cluster("prod")
-        assert (cluster.rbac, cluster.agent_version, cluster.remote_addr) == (
-            "readonly",
-            "1.2.3",
-            "10.0.0.1:4242",
-        )
-        assert cluster.connected_since == NOW
-        assert cluster.last_seen == NOW
-        assert (await reopened.get_certificate(0xABC)).fingerprint == "sha256:ab"
-        assert (await reopened.find_user_by_token(hash_token("api"))) == await reopened.get_user(
-            "ann"
-        )
-        assert (await reopened.get_grant("ann", "prod")).as_groups == ("view",)
-        assert await reopened.list_audit() == [event]
-        consumed = await reopened.consume_bootstrap_token(hash_token("t"), "prod", NOW)
-        assert consumed.used_at == NOW
-    finally:
-        await reopened.close()
 
 
 async def test_new_database_is_at_the_latest_schema_version(store: SqliteStore) -> None:
@@ -266,32 +229,6 @@ async def test_an_sqlite_without_returning_is_refused_by_name(
     monkeypatch.setattr(sqlite3, "sqlite_version", "3.34.1")
     with pytest.raises(StoreError, match=r"SQLite 3\.34\.1 is too old.*3\.35\.0 or later"):
         await SqliteStore.open(path)
-
-
-async def test_health_passes_while_open(store: SqliteStore) -> None:
-    await store.health()
-
-
-async def test_a_closed_store_refuses_every_call(path: Path) -> None:
-    store = await SqliteStore.open(path)
-    await store.close()
-    with pytest.raises(StoreClosedError):
-        await store.health()
-    with pytest.raises(StoreClosedError):
-        await store.list_clusters()
-
-
-async def test_close_is_idempotent(path: Path) -> None:
-    store = await SqliteStore.open(path)
-    await store.close()
-    await store.close()
-
-
-async def test_async_with_closes_the_store(path: Path) -> None:
-    async with await SqliteStore.open(path) as store:
-        await store.health()
-    with pytest.raises(StoreClosedError):
-        await store.health()
 
 
 async def test_close_lets_work_already_submitted_finish(path: Path) -> None:

@@ -2,9 +2,11 @@
 
 Everything the server persists goes through the :class:`Store` interface, and
 no SQL lives outside this package. :class:`SqliteStore` keeps the state in one
-SQLite file, for a single replica; a PostgreSQL store for several replicas can
-implement the same interface. Depends on ``protocol`` (for the error root) and
-the standard library only.
+SQLite file, for a single replica; :class:`PostgresStore` keeps it in a
+PostgreSQL database that several replicas can share. Each engine's SQL lives in
+modules of its own (``sqlite*``, ``postgres*``). Depends on ``protocol`` (for
+the error root), asyncpg (the PostgreSQL engine's driver) and the standard
+library only.
 """
 
 from tunnel_server.store.base import (
@@ -34,6 +36,7 @@ from tunnel_server.store.base import (
     User,
     hash_token,
 )
+from tunnel_server.store.postgres import PostgresStore
 from tunnel_server.store.sqlite import SqliteStore
 
 __all__ = [
@@ -50,6 +53,7 @@ __all__ = [
     "InvalidValueError",
     "IssuedCertificate",
     "NotFoundError",
+    "PostgresStore",
     "ProxyAuditRecord",
     "QueueFullError",
     "SchemaVersionError",
