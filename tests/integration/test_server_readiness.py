@@ -9,7 +9,7 @@ import aiohttp
 from tunnel_pki.tls import client_context
 from tunnel_server.store import SqliteStore
 
-from ..tunnel_server.test_store_write_failure import cap_pages
+from ..tunnel_server.store.test_store_write_failure import cap_pages
 from .harness import RunningServer
 from .test_observability import server_metrics
 

@@ -6,7 +6,7 @@ audit events' source addresses), ``Forwarded``, ``X-Client-Ip`` and
 ``True-Client-Ip`` went on to the API server; ``Impersonate_User`` and
 ``X_Remote_User``, which a proxy in front of it that reads "_" as "-" would
 honour, passed the identity check. The server's side is in
-tests/tunnel_server/test_identity_headers.py.
+tests/tunnel_server/proxy/test_identity_headers.py.
 """
 
 from __future__ import annotations

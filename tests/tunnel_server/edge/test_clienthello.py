@@ -11,7 +11,7 @@ from tunnel_pki.ca import CertificateAuthority
 from tunnel_pki.tls import client_context
 from tunnel_server.edge.clienthello import MAX_CLIENT_HELLO_BYTES, client_hello_needs
 
-from ..slow_clients import NOT_CLIENT_HELLOS
+from ...slow_clients import NOT_CLIENT_HELLOS
 
 
 def record(payload: bytes) -> bytes:

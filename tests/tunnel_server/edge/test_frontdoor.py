@@ -22,9 +22,9 @@ from tunnel_server.edge import frontdoor
 from tunnel_server.edge.http1 import MAX_HEAD, chunk
 from tunnel_server.store.base import StoreError, User
 
-from ..integration.harness import RunningServer
-from ..support import assert_tcp_keepalive, until
-from .frontdoor_support import (
+from ...integration.harness import RunningServer
+from ...support import assert_tcp_keepalive, until
+from ..frontdoor_support import (
     ANSWER_TIMEOUT,
     PODS,
     PREFIX,

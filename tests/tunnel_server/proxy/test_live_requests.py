@@ -25,9 +25,9 @@ from tunnel_server.proxy.live_requests import LiveRequests
 from tunnel_server.proxy.refusal import dropped_refusal, revocation_event
 from tunnel_server.store.base import Store, StoreError, User, hash_token
 
-from ..e2e import test_kubectl_tunnel as kubectl_e2e
-from ..integration.harness import RunningServer
-from ..support import until
+from ...e2e import test_kubectl_tunnel as kubectl_e2e
+from ...integration.harness import RunningServer
+from ...support import until
 
 server = kubectl_e2e.server
 

@@ -16,7 +16,7 @@ from tunnel_pki.ca import CertificateAuthority
 from tunnel_pki.tls import client_context, server_context
 from tunnel_server.edge.listener import BoundedTlsListener
 
-from ..slow_clients import (
+from ...slow_clients import (
     NOT_CLIENT_HELLOS,
     client_hello,
     close_all,
@@ -24,7 +24,7 @@ from ..slow_clients import (
     raw_connection,
     stalled_after_client_hello,
 )
-from ..support import until
+from ...support import until
 
 
 class Echo(asyncio.Protocol):

@@ -9,7 +9,7 @@ from typing import cast
 from tunnel_server.access.cache import AccessCache
 from tunnel_server.store.base import Store, User
 
-from ..support import ManualClock
+from ...support import ManualClock
 
 ALICE = User("alice", ("platform",), False, datetime(2026, 1, 1, tzinfo=UTC))
 

@@ -19,8 +19,8 @@ from tests.e2e.test_kubectl_tunnel import Tunnel
 from tunnel_server.access.cache import AccessCache
 from tunnel_server.store.base import User
 
-from ..support import ManualClock, until
-from .frontdoor_support import PODS, assert_status_object, caller, get, request
+from ...support import ManualClock, until
+from ..frontdoor_support import PODS, assert_status_object, caller, get, request
 
 server = kubectl_e2e.server
 tunnel = kubectl_e2e.tunnel

@@ -18,8 +18,8 @@ from tunnel_pki.tls import client_context
 from tunnel_server.edge.frontdoor import FrontDoor
 from tunnel_server.edge.http1 import MAX_HEAD
 
-from ..support import until
-from .frontdoor_support import PODS, Caller, assert_status_object, caller, open_doors, request
+from ...support import until
+from ..frontdoor_support import PODS, Caller, assert_status_object, caller, open_doors, request
 
 server = kubectl_e2e.server
 tunnel = kubectl_e2e.tunnel

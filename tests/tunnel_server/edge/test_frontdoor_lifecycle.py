@@ -28,9 +28,9 @@ from tunnel_agent.router import StreamRouter
 from tunnel_mux import MuxStream, Session
 from tunnel_server.edge.http1 import chunk
 
-from ..integration.harness import agent_settings, running_agent
-from ..support import until
-from .frontdoor_support import (
+from ...integration.harness import agent_settings, running_agent
+from ...support import until
+from ..frontdoor_support import (
     ANSWER_TIMEOUT,
     PODS,
     Reply,

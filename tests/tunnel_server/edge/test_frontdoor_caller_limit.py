@@ -23,10 +23,10 @@ from tunnel_server.app import API_KEEPALIVE
 from tunnel_server.edge.callerlimit import MAX_CONNECTIONS_PER_AGENT
 from tunnel_server.edge.frontdoor import KEEPALIVE_TIMEOUT
 
-from ..integration.harness import running_server, server_settings
-from ..integration.test_observability import server_metrics
-from ..support import until
-from .frontdoor_support import (
+from ...integration.harness import running_server, server_settings
+from ...integration.test_observability import server_metrics
+from ...support import until
+from ..frontdoor_support import (
     ANSWER_TIMEOUT,
     PODS,
     PREFIX,
