@@ -14,6 +14,7 @@ from protocol import Keepalive, kinds
 from protocol.errors import TunnelError
 from tunnel_cli import (
     EVENT_LOOPS,
+    OnCommandLine,
     configure_logging,
     env_flag,
     freeze_startup_objects,
@@ -42,11 +43,17 @@ from .policy import ProxyPolicy
 from .router import StreamRouter
 from .runner import RunnerSettings
 
-__all__ = ["build_parser", "main", "settings_from_args"]
+__all__ = ["build_parser", "command_line_warnings", "main", "settings_from_args"]
 
 logger = logging.getLogger("tunnel_agent")
 
 _SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+#: Said when the bootstrap token comes as a flag (never the token itself).
+_PS_SHOWS_THE_FLAG = (
+    "--bootstrap-token puts the token on the command line, where anyone on this machine can "
+    "read it (ps, /proc); use --bootstrap-token-file or TUNNEL_AGENT_BOOTSTRAP_TOKEN instead"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     env_flag(run, "--server", env + "SERVER", help="server URL, https://HOST:PORT")
     env_flag(run, "--ca", env + "CA", help="PEM file of the server CA bundle to pin")
     env_flag(run, "--cluster", env + "CLUSTER", help="this cluster's name on the server")
-    env_flag(run, "--bootstrap-token", env + "BOOTSTRAP_TOKEN", help="one-time bootstrap token")
+    env_flag(
+        run,
+        "--bootstrap-token",
+        env + "BOOTSTRAP_TOKEN",
+        action=OnCommandLine,
+        help="one-time bootstrap token (on the command line, ps shows it: prefer "
+        "--bootstrap-token-file or the variable)",
+    )
+    run.set_defaults(bootstrap_token_on_command_line=False)
     env_flag(
         run,
         "--bootstrap-token-file",
@@ -147,6 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(
         run,
+        "--allow-file-git-sources",
+        env + "ALLOW_FILE_GIT_SOURCES",
+        action="store_true",
+        default=False,
+        help="let git sources be file:// paths in the agent's own file system "
+        "(refused by default; for tests and mounted repositories)",
+    )
+    env_flag(
+        run,
         "--command-types",
         env + "COMMAND_TYPES",
         default=",".join(COMMAND_TYPES),
@@ -226,6 +250,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         health_listen=health,
         commands_concurrency=_positive_int(args.commands_concurrency, "--commands-concurrency"),
         command_types=_command_types(str(args.command_types)),
+        allow_file_git_sources=bool(args.allow_file_git_sources),
         proxy=ProxyPolicy(
             read_only=bool(args.read_only),
             namespaces=frozenset(n.strip() for n in str(args.namespaces).split(",") if n.strip()),
@@ -240,6 +265,12 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
             ),
         ),
     )
+
+
+def command_line_warnings(args: argparse.Namespace) -> list[str]:
+    """What to warn of in how the agent was started: secrets given as flags."""
+    given = args.bootstrap_token_on_command_line and args.bootstrap_token
+    return [_PS_SHOWS_THE_FLAG] if given else []
 
 
 def _positive_int(value: object, flag: str) -> int:
@@ -295,7 +326,10 @@ async def run_agent(settings: AgentSettings) -> None:
         masked_values=(settings.bootstrap_token,) if settings.bootstrap_token else (),
         # In a cluster, the agent's namespace (its Secrets) is out of commands' reach.
         own_namespace=None if settings.credentials_secret is None else namespace,
+        allow_file_git_sources=settings.allow_file_git_sources,
     )
+    if settings.allow_file_git_sources:
+        logger.warning("git sources may be file:// paths in this pod (--allow-file-git-sources)")
     router = StreamRouter()
     router.add(kinds.STREAM_HTTP, proxy.handle)
     router.add(kinds.STREAM_COMMAND, runner.handle_offer)
@@ -356,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         configure_logging(args.log_format, args.log_level)
+        for warning in command_line_warnings(args):
+            logger.warning("%s", warning)
         run_main(run_agent(settings_from_args(args)), args.event_loop)
     except AgentStoppedError as exc:
         logger.error("stopping: %s", exc)

@@ -14,7 +14,7 @@ from tunnel_commands import CommandSpecError, parse_command
 from tunnel_commands.flow import FlowSpec
 from tunnel_commands.spec import ALL_COMMAND_TYPES
 
-from .executors import ExecutionContext, execute, subprocess_environment
+from .executors import ExecutionContext, execute, file_source_refusal, subprocess_environment
 from .executors.gateway import CommandsGateway
 from .journal import Journal
 from .kubeapi import KubeApi
@@ -28,13 +28,16 @@ def validate_spec(
     *,
     read_only: bool = False,
     command_types: frozenset[str] = ALL_COMMAND_TYPES,
+    allow_file_git_sources: bool = False,
 ) -> None:
     """Raise ValueError, naming the field, unless ``spec`` is a valid command this agent runs.
 
     A read-only agent runs queries only: every other type changes the cluster.
     ``command_types`` are the types the cluster's owner lets the agent run
     (a flow's steps included): ``tofu`` runs the module's code in the agent's
-    pod, with its identity.
+    pod, with its identity. A ``file://`` git source is a path in the agent's
+    own pod: refused unless ``allow_file_git_sources`` (its
+    ``--allow-file-git-sources``).
     """
     try:
         command = parse_command(spec)
@@ -53,6 +56,9 @@ def validate_spec(
             f"this agent does not run {', '.join(refused)} commands; it runs "
             f"{', '.join(sorted(command_types))} (its --command-types)"
         )
+    refusal = None if allow_file_git_sources else file_source_refusal(command)
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def build_command_runner(
@@ -68,6 +74,7 @@ def build_command_runner(
     command_types: frozenset[str] = ALL_COMMAND_TYPES,
     masked_values: tuple[str, ...] = (),
     own_namespace: str | None = None,
+    allow_file_git_sources: bool = False,
 ) -> CommandRunner:
     """A runner whose jobs run through the executors with the agent's API access.
 
@@ -77,6 +84,8 @@ def build_command_runner(
     agent's service-account token are masked in every run's log and result,
     as the values a spec's ``secretRef`` reads are. ``own_namespace`` (in a
     cluster) holds the agent's Secrets: no command reads or writes in it.
+    ``allow_file_git_sources`` lets git sources be ``file://`` paths in the
+    agent's pod (refused otherwise, when offered and again when run).
     ``gateway`` is how helm reaches the API server; its owner closes it.
     """
 
@@ -95,6 +104,7 @@ def build_command_runner(
             # Nothing one run leaves in its home (a .gitconfig) reaches the next.
             environment=base | {"HOME": str(home)},
             own_namespace=own_namespace,
+            allow_file_git_sources=allow_file_git_sources,
             gateway=gateway,
         )
         for secret in (*masked_values, *_bearer(await kube.authorization())):
@@ -108,7 +118,12 @@ def build_command_runner(
         }
 
     def validate(spec: dict[str, Any]) -> None:
-        validate_spec(spec, read_only=read_only, command_types=command_types)
+        validate_spec(
+            spec,
+            read_only=read_only,
+            command_types=command_types,
+            allow_file_git_sources=allow_file_git_sources,
+        )
 
     return CommandRunner(run, validate, journal, settings)
 

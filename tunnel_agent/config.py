@@ -46,4 +46,6 @@ class AgentSettings:
     commands_concurrency: int = 2
     #: The command types this agent runs (--command-types).
     command_types: frozenset[str] = ALL_COMMAND_TYPES
+    #: Whether git sources may be file:// paths in the agent's pod (--allow-file-git-sources).
+    allow_file_git_sources: bool = False
     proxy: ProxyPolicy = field(default_factory=ProxyPolicy)

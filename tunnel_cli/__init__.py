@@ -10,7 +10,7 @@ is imported by name, when present).
 
 from .compiled import request_path_build
 from .eventloop import EVENT_LOOPS, loop_factory, run_main
-from .flags import FlagError, describe_duration, env_flag, parse_duration
+from .flags import FlagError, OnCommandLine, describe_duration, env_flag, parse_duration
 from .logs import configure_logging
 from .memory import freeze_startup_objects
 from .text import printable, printable_line
@@ -18,6 +18,7 @@ from .text import printable, printable_line
 __all__ = [
     "EVENT_LOOPS",
     "FlagError",
+    "OnCommandLine",
     "configure_logging",
     "describe_duration",
     "env_flag",

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from protocol.errors import TunnelError
 
-__all__ = ["FlagError", "describe_duration", "env_flag", "parse_duration"]
+__all__ = ["FlagError", "OnCommandLine", "describe_duration", "env_flag", "parse_duration"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.ASCII)
 #: Longer than any duration a flag means: a century.
@@ -63,3 +64,24 @@ def env_flag(
         else:
             default = value
     parser.add_argument(flag, default=default, help=f"{help} [env {env}]", **kwargs)
+
+
+class OnCommandLine(argparse.Action):
+    """Store the value, and note that it came as a flag (``<dest>_on_command_line``).
+
+    For a secret a flag would show to everyone on the machine (``ps``): the
+    command warns when it came that way.
+
+    The flag's environment variable only sets the default, so a value from
+    there never passes through here.
+    """
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_on_command_line", True)

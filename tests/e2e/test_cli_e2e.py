@@ -190,14 +190,18 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
 def tunnelctl(
     server: ServerProcess, *args: str, token: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run tunnelctl against ``server`` as its admin (or with ``token``)."""
-    credentials = ["--token", token] if token else ["--token-file", str(server.admin_token_file)]
+    """Run tunnelctl against ``server`` as its admin (or with ``token``, in its variable)."""
+    environment = clean_environment()
+    credentials = ["--token-file", str(server.admin_token_file)]
+    if token:
+        environment["TUNNELCTL_TOKEN"] = token
+        credentials = []
     return subprocess.run(
         [command("tunnelctl"), "--server", server.url, "--ca", str(server.ca), *credentials, *args],
         capture_output=True,
         text=True,
         timeout=PATIENCE,
-        env=clean_environment(),
+        env=environment,
         check=False,
     )
 
@@ -364,3 +368,47 @@ def test_tunnel_agent_with_an_unreadable_ca_says_so_in_one_line(tmp_path: Path) 
     assert run.returncode == 1
     assert "cannot read the CA bundle" in line
     assert "missing-ca.crt" in line
+
+
+def test_tunnelctl_takes_a_token_on_the_command_line_and_warns_that_ps_shows_it(
+    shared_server: ServerProcess,
+) -> None:
+    token = shared_server.admin_token_file.read_text().strip()
+    run = tunnelctl(shared_server, "--token", token, "cluster", "list", "-o", "json")
+    assert run.returncode == 0, run.stderr
+    assert isinstance(json.loads(run.stdout), list)
+    assert run.stderr == (
+        "tunnelctl: warning: --token puts the API token on the command line, where anyone on "
+        "this machine can read it (ps, /proc); use --token-file or TUNNELCTL_TOKEN instead\n"
+    )
+
+
+def test_tunnel_agent_warns_of_a_bootstrap_token_on_its_command_line(tmp_path: Path) -> None:
+    token = "tbt_on-the-command-line"
+    run = subprocess.run(
+        [
+            command("tunnel-agent"),
+            "run",
+            "--server",
+            "https://127.0.0.1:1",
+            "--ca",
+            str(tmp_path / "missing-ca.crt"),
+            "--cluster",
+            "prod-eu",
+            "--bootstrap-token",
+            token,
+            "--credentials-dir",
+            str(tmp_path / "credentials"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE,
+        env=clean_environment(),
+        check=False,
+    )
+    assert run.returncode == 1
+    warning, error = run.stderr.splitlines()
+    assert "WARNING tunnel_agent: --bootstrap-token puts the token on the command line" in warning
+    assert "use --bootstrap-token-file or TUNNEL_AGENT_BOOTSTRAP_TOKEN instead" in warning
+    assert error.startswith("tunnel-agent: cannot read the CA bundle")
+    assert token not in run.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import sys
 from datetime import datetime
@@ -252,11 +253,11 @@ async def tunnelctl_run(tunnel: Tunnel, *args: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         str(Path(sys.executable).parent / "tunnelctl"),
         *server,
-        "--token",
-        tunnel.server.admin_token,
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        # Not --token, which ps would show and tunnelctl would warn of on stderr.
+        env={**os.environ, "TUNNELCTL_TOKEN": tunnel.server.admin_token},
     )
     stdout, stderr = await asyncio.wait_for(process.communicate(), TIMEOUT)
     assert process.returncode is not None

@@ -84,6 +84,8 @@ async def cluster(server: RunningServer, tmp_path: Path) -> AsyncIterator[Cluste
             environment=fake_environment(record),
             masked_values=(BOOTSTRAP_TOKEN,),
             own_namespace="agents",
+            # The tests' repositories are local: file:// sources, allowed explicitly.
+            allow_file_git_sources=True,
         )
         router = StreamRouter()
         router.add(kinds.STREAM_COMMAND, runner.handle_offer)

@@ -142,6 +142,16 @@ AGENT_FLAGS = [
         env_against_flag="0",
     ),
     FlagCase(
+        "--allow-file-git-sources",
+        "TUNNEL_AGENT_ALLOW_FILE_GIT_SOURCES",
+        "yes",
+        None,
+        lambda a, s: s.allow_file_git_sources,
+        True,
+        True,
+        env_against_flag="false",
+    ),
+    FlagCase(
         "--commands-concurrency",
         "TUNNEL_AGENT_COMMANDS_CONCURRENCY",
         "4",
@@ -274,6 +284,7 @@ def test_agent_defaults_without_flags_or_environment() -> None:
     assert settings.proxy.namespaces == frozenset()
     assert settings.proxy.allow_secret_values is False
     assert settings.command_types == {"manifests", "helm", "tofu", "flow", "query"}
+    assert settings.allow_file_git_sources is False
 
 
 def test_bootstrap_token_file_is_read_and_stripped() -> None:
@@ -283,6 +294,28 @@ def test_bootstrap_token_file_is_read_and_stripped() -> None:
 def test_bootstrap_token_flag_wins_over_the_token_file() -> None:
     settings = agent_settings(bootstrap_token="tbt_direct", bootstrap_token_file="flag-token")
     assert settings.bootstrap_token == "tbt_direct"
+
+
+def test_a_bootstrap_token_given_as_a_flag_is_used_with_a_warning() -> None:
+    """ps shows a command line to everyone on the machine: the file or the variable do not."""
+    args = agent_args([*as_argv(AGENT_BASE), "--bootstrap-token", "tbt_on_the_line"])
+    assert agent_cli.settings_from_args(args).bootstrap_token == "tbt_on_the_line"
+    assert agent_cli.command_line_warnings(args) == [
+        "--bootstrap-token puts the token on the command line, where anyone on this machine "
+        "can read it (ps, /proc); use --bootstrap-token-file or TUNNEL_AGENT_BOOTSTRAP_TOKEN "
+        "instead"
+    ]
+
+
+def test_a_bootstrap_token_from_the_environment_or_a_file_brings_no_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    args = agent_args([*as_argv(AGENT_BASE), "--bootstrap-token-file", "flag-token"])
+    assert agent_cli.command_line_warnings(args) == []
+    monkeypatch.setenv("TUNNEL_AGENT_BOOTSTRAP_TOKEN", "tbt_env")
+    args = agent_args(as_argv(AGENT_BASE))
+    assert agent_cli.settings_from_args(args).bootstrap_token == "tbt_env"
+    assert agent_cli.command_line_warnings(args) == []
 
 
 def test_empty_bootstrap_token_file_means_no_token(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from tests.fakebin import fake_environment, records
 from tests.fakebin.support import Harness, command, harness
+from tests.tunnel_agent.file_sources import allowing_file_sources
 from tunnel_agent.executors import execute
 
 GENERATED = "gen-Pa55-7f3a9c"
@@ -19,8 +20,9 @@ OUTPUTS = {"outputsSecret": {"namespace": "default", "name": "stack-outputs"}}
 
 
 @pytest.fixture
-async def h(tmp_path: Path) -> AsyncIterator[Harness]:
+async def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
     async with harness(tmp_path) as running:
+        allowing_file_sources(running, monkeypatch)
         yield running
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from tests.fakebin import fake_environment, process_gone, records, wait_gone
 from tests.fakebin.support import Harness, command, harness
+from tests.tunnel_agent.file_sources import allowing_file_sources
 from tunnel_agent.executors import execute
 
 SECRET = "s3cr3t-Pa55w0rd"
@@ -22,8 +23,9 @@ PASSWORD_REF = {"secretRef": {"namespace": "vault", "name": "db", "key": "passwo
 
 
 @pytest.fixture
-async def h(tmp_path: Path) -> AsyncIterator[Harness]:
+async def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
     async with harness(tmp_path) as running:
+        allowing_file_sources(running, monkeypatch)
         running.stub.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "vault"}})
         running.add_secret("vault", "db", {"password": SECRET})
         yield running

@@ -221,3 +221,115 @@ async def test_a_forbidden_read_fails_with_the_api_message(h: Harness) -> None:
     outcome = await _query(h, {"get": {"apiVersion": "v1", "kind": "Pod", "namespace": "default"}})
     assert outcome.error is not None
     assert outcome.error.startswith("spec.get: cannot list pods: HTTP 403: ")
+
+
+# ----------------------------------------------- the agent's own namespace (docs/security.md)
+
+OWN = "tunnel-agent"
+REFUSED = (
+    "namespace tunnel-agent is the agent's own (its credentials, command journal and bootstrap"
+    " token are there); commands may not read or write in it"
+)
+
+
+def _in_own_namespace(h: Harness) -> None:
+    """The agent's namespace, with its credentials Secret and its Pod, beside a team's."""
+    for namespace in (OWN, "web"):
+        h.stub.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    h.add_secret(OWN, "tunnel-agent-credentials", {"tls.key": SECRET})
+    h.add_secret("web", "web-env", {"password": SECRET})
+    h.stub.add_pod("tunnel-agent-0", OWN)
+    h.stub.add_pod("web-0", "web")
+    h.stub.append_log(OWN, "tunnel-agent-0", "connected")
+    h.stub.add(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "tunnel-agent", "namespace": OWN},
+            "spec": {"selector": {"app": "tunnel-agent-0"}, "ports": [{"port": 8081}]},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("operation", "fields"),
+    [
+        ("get", {"apiVersion": "v1", "kind": "Secret", "name": "tunnel-agent-credentials"}),
+        ("get", {"apiVersion": "v1", "kind": "Secret"}),
+        ("describe", {"apiVersion": "v1", "kind": "Pod", "name": "tunnel-agent-0"}),
+        ("logs", {"pod": "tunnel-agent-0"}),
+        ("endpoints", {"service": "tunnel-agent"}),
+    ],
+)
+async def test_a_query_in_the_agents_own_namespace_is_refused_naming_it(
+    h: Harness, operation: str, fields: dict[str, str]
+) -> None:
+    """Secret values there are redacted, but nothing there is for a query to read."""
+    _in_own_namespace(h)
+    spec = {operation: {**fields, "namespace": OWN}}
+    outcome = await execute(command("query", spec), h.context(own_namespace=OWN))
+    assert (outcome.outcome, outcome.error) == (
+        "failed",
+        f"spec.{operation}.namespace: {REFUSED}",
+    )
+    assert "tunnel-agent-credentials" not in json.dumps(outcome.to_dict())
+
+
+async def test_the_agents_own_namespace_object_is_refused_by_name(h: Harness) -> None:
+    _in_own_namespace(h)
+    for operation in ("get", "describe"):
+        spec = {operation: {"apiVersion": "v1", "kind": "Namespace", "name": OWN}}
+        outcome = await execute(command("query", spec), h.context(own_namespace=OWN))
+        assert outcome.error == f"spec.{operation}.name: {REFUSED}"
+    # Another namespace's object is read as before.
+    get = {"apiVersion": "v1", "kind": "Namespace", "name": "web"}
+    outcome = await execute(command("query", {"get": get}), h.context(own_namespace=OWN))
+    assert _result(outcome)["object"]["metadata"]["name"] == "web"
+
+
+async def test_a_list_across_every_namespace_leaves_the_agents_own_out_and_says_so(
+    h: Harness,
+) -> None:
+    _in_own_namespace(h)
+    for kind in ("Secret", "Pod"):
+        get = {"apiVersion": "v1", "kind": kind}
+        outcome = await execute(command("query", {"get": get}), h.context(own_namespace=OWN))
+        result = _result(outcome)
+        assert {item["metadata"]["namespace"] for item in result["items"]} == {"web"}
+        assert result["count"] == len(result["items"])
+        assert result["excludedNamespace"] == OWN
+        assert "tunnel-agent-credentials" not in json.dumps(outcome.to_dict())
+
+
+async def test_outside_a_cluster_no_namespace_is_the_agents_own(h: Harness) -> None:
+    """An agent with --credentials-dir keeps nothing in the cluster: every namespace is read."""
+    _in_own_namespace(h)
+    get = {"apiVersion": "v1", "kind": "Secret", "namespace": OWN}
+    result = _result(await _query(h, {"get": get}))
+    assert [item["metadata"]["name"] for item in result["items"]] == ["tunnel-agent-credentials"]
+    listed = _result(await _query(h, {"get": {"apiVersion": "v1", "kind": "Secret"}}))
+    assert "excludedNamespace" not in listed
+
+
+async def test_describe_reads_no_events_in_the_agents_own_namespace(h: Harness) -> None:
+    """A cluster-scoped object's events are in "default": not read when that is the agent's."""
+    _in_own_namespace(h)
+    h.stub.add(
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": "e1", "namespace": "default"},
+            "involvedObject": {"kind": "Namespace", "name": "web"},
+            "reason": "Seen",
+            "message": "seen",
+            "type": "Normal",
+        }
+    )
+    describe = {"apiVersion": "v1", "kind": "Namespace", "name": "web"}
+    outcome = await execute(command("query", {"describe": describe}), h.context())
+    assert [event["reason"] for event in _result(outcome)["events"]] == ["Seen"]
+    outcome = await execute(
+        command("query", {"describe": describe}), h.context(own_namespace="default")
+    )
+    result = _result(outcome)
+    assert (result["events"], result["excludedNamespace"]) == ([], "default")

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakebin.support import Harness, command, harness
+from tests.tunnel_agent.file_sources import allowing_file_sources
 from tunnel_agent.executors import execute
 
 SECRET = "s3cr3t-Pa55w0rd"
@@ -88,8 +89,9 @@ def repository(tmp_path: Path) -> tuple[str, str]:
 
 
 @pytest.fixture
-async def h(tmp_path: Path) -> AsyncIterator[Harness]:
+async def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
     async with harness(tmp_path) as running:
+        allowing_file_sources(running, monkeypatch)
         running.stub.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "web"}})
         running.add_secret("web", "db", {"password": SECRET})
         yield running

@@ -13,6 +13,7 @@ import pytest
 
 from tests.fakebin import FAKEBIN, fake_environment, process_gone, records, wait_gone
 from tests.fakebin.support import Harness, command, harness
+from tests.tunnel_agent.file_sources import allowing_file_sources
 from tunnel_agent.executors import execute
 from tunnel_agent.executors.labels import MANAGED_BY, MANAGED_BY_VALUE
 from tunnel_agent.executors.tofu import BACKEND_OVERRIDE
@@ -23,8 +24,9 @@ OUTPUTS = {"outputsSecret": {"namespace": "web", "name": "web-app-outputs"}}
 
 
 @pytest.fixture
-async def h(tmp_path: Path) -> AsyncIterator[Harness]:
+async def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
     async with harness(tmp_path) as running:
+        allowing_file_sources(running, monkeypatch)
         for namespace in ("vault", "web"):
             running.stub.add(
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}

@@ -25,6 +25,7 @@ Modules, one concept each:
 from .context import ExecutionContext, ExecutionResult, subprocess_environment
 from .dispatch import execute
 from .errors import ExecutorError, KubeRequestError, ProcessError
+from .git import file_source_refusal
 from .masking import Masker
 from .outputs import OutputWriter
 from .secrets import OutputValue, SecretResolver, ValueResolver
@@ -41,5 +42,6 @@ __all__ = [
     "SecretResolver",
     "ValueResolver",
     "execute",
+    "file_source_refusal",
     "subprocess_environment",
 ]

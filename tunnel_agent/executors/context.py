@@ -86,6 +86,9 @@ class ExecutionContext:
     #: credentials, command journal and bootstrap token are there, and no
     #: command reads or writes in it (:meth:`check_not_own`).
     own_namespace: str | None = None
+    #: Whether git sources may be ``file://`` paths in the agent's pod
+    #: (``--allow-file-git-sources``; :func:`.git.file_source_refusal`).
+    allow_file_git_sources: bool = False
     #: Where helm reaches the API server, under the commands' rule (None: helm cannot run).
     gateway: CommandsGateway | None = None
     #: Seconds between SIGTERM and SIGKILL when a process is stopped.

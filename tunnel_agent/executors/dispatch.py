@@ -12,6 +12,7 @@ from tunnel_commands.durations import format_duration
 from .context import MAX_SUMMARY_BYTES, ExecutionContext, ExecutionResult, summary_size
 from .errors import ExecutorError
 from .flow import run_spec
+from .git import file_source_refusal
 from .kube import KubeClient
 from .outputs import OutputWriter
 from .secrets import SecretResolver, ValueResolver
@@ -42,6 +43,9 @@ async def execute(command: Command, context: ExecutionContext) -> ExecutionResul
     timer = asyncio.timeout(command.timeout)
     try:
         async with timer:
+            refusal = None if context.allow_file_git_sources else file_source_refusal(command)
+            if refusal is not None:
+                raise ExecutorError(refusal)
             target = command.outputs_secret
             if target is not None:
                 context.check_not_own(target.namespace, "outputsSecret")

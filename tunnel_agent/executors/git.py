@@ -6,21 +6,55 @@ commit). Only the schemes :data:`tunnel_commands.sources.GIT_SCHEMES` are
 allowed (``GIT_ALLOW_PROTOCOL``), and git never prompts. A checkout with a
 symbolic link out of it is refused: helm and tofu follow links, and would read
 (and print) the agent's own files, its service-account token among them.
+
+``file://`` sources are refused (:func:`file_source_refusal`) unless the
+agent runs with ``--allow-file-git-sources``: the spec is valid everywhere
+(the server cannot know an agent's flags), but such a URL is a path in the
+agent's pod, not a repository server. Whoever dispatches the command would
+choose what git reads there: any repository in the image or on a mounted
+volume (a node's, with ``hostPath``), checked out by the agent and handed to
+helm or tofu. Tests and air-gapped installs with a mounted repository turn it on.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from tunnel_commands import GitSource
+from tunnel_commands import Command, CommandSpec, FlowSpec, GitChart, GitSource, HelmSpec, TofuSpec
+from tunnel_commands.errors import join_path
 from tunnel_commands.sources import GIT_SCHEMES
 
 from .errors import ExecutorError, ProcessError
 from .process import find_binary, run_process
 from .steps import Step
 
-__all__ = ["fetch_source"]
+__all__ = ["fetch_source", "file_source_refusal", "git_sources"]
+
+
+def git_sources(spec: CommandSpec, path: str = "spec") -> Iterator[tuple[str, GitSource]]:
+    """Each git source of ``spec`` (a flow's steps included) with its field's path."""
+    if isinstance(spec, FlowSpec):
+        for index, step in enumerate(spec.steps):
+            yield from git_sources(step.spec, join_path(join_path(path, "steps"), index))
+    elif isinstance(spec, TofuSpec):
+        yield join_path(path, "git"), spec.source
+    elif isinstance(spec, HelmSpec) and isinstance(spec.chart, GitChart):
+        yield join_path(join_path(path, "chart"), "git"), spec.chart.git
+
+
+def file_source_refusal(command: Command) -> str | None:
+    """Why ``command`` is refused by an agent without ``--allow-file-git-sources``, or None."""
+    for path, source in git_sources(command.spec):
+        if urlsplit(source.url).scheme == "file":
+            return (
+                f"{join_path(path, 'url')}: this agent refuses file:// git sources, which read "
+                "its own file system, not a repository server (it allows them only when "
+                "started with --allow-file-git-sources)"
+            )
+    return None
 
 
 async def fetch_source(source: GitSource, destination: Path, step: Step, what: str) -> Path:
@@ -33,7 +67,9 @@ async def fetch_source(source: GitSource, destination: Path, step: Step, what: s
     environment = {
         **context.environment,
         "GIT_TERMINAL_PROMPT": "0",
-        "GIT_ALLOW_PROTOCOL": ":".join(GIT_SCHEMES),
+        "GIT_ALLOW_PROTOCOL": ":".join(
+            scheme for scheme in GIT_SCHEMES if scheme != "file" or context.allow_file_git_sources
+        ),
         "GIT_ASKPASS": "/bin/false",
     }
     destination.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (a local directory)

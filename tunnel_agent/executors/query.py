@@ -4,6 +4,15 @@ The result goes back to the control plane, so it is cut to
 :data:`MAX_RESULT_BYTES` (lists keep their first items, logs their first
 lines, ``"truncated": true`` marks the cut) and Secrets are never shown:
 their data values read ``<redacted>``. ``managedFields`` are dropped as noise.
+
+Like every command, a query reads nothing in the agent's own namespace
+(:meth:`~.context.ExecutionContext.check_not_own`; docs/security.md,
+"Commands"). It runs with the agent's ServiceAccount, not as its submitter,
+and that namespace holds the agent's key, command journal and bootstrap token:
+even redacted, their names and keys, the agent's Pod and its log are not for
+whoever may dispatch a query. A query that names that namespace (or reads
+its Namespace object) is refused; a list across every namespace leaves it
+out, and says so (``"excludedNamespace"``).
 """
 
 from __future__ import annotations
@@ -79,6 +88,8 @@ def _fit_object(obj: dict[str, Any]) -> dict[str, Any]:
 async def run_query(spec: QuerySpec, step: Step) -> StepReport:
     query = spec.query
     where = step.path_of(query.OPERATION)
+    # Refused before any request is made (docs/security.md, "Commands").
+    step.context.check_not_own(query.namespace, f"{where}.namespace")
     if isinstance(query, DescribeQuery):
         result = await _describe(query, step, where)
     elif isinstance(query, GetQuery):
@@ -88,6 +99,25 @@ async def run_query(spec: QuerySpec, step: Step) -> StepReport:
     else:
         result = await _endpoints(query, step, where)
     return StepReport({"query": query.OPERATION, "result": result})
+
+
+def _is_namespace(resource: ApiResource) -> bool:
+    return (resource.group, resource.plural) == ("", "namespaces")
+
+
+def _outside_own(
+    items: list[dict[str, Any]], step: Step
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A list across every namespace without what is in the agent's own, and a note saying so.
+
+    The note is there whether or not anything was left out: it tells the
+    reader why the agent's namespace is missing, and nothing of what it holds.
+    """
+    own = step.context.own_namespace
+    if own is None:
+        return items, {}
+    kept = [item for item in items if (item.get("metadata") or {}).get("namespace") != own]
+    return kept, {"excludedNamespace": own}
 
 
 async def _resource(query: GetQuery, step: Step, where: str) -> ApiResource:
@@ -101,6 +131,9 @@ async def _resource(query: GetQuery, step: Step, where: str) -> ApiResource:
         )
     if resource.namespaced and query.name and not query.namespace:
         raise ExecutorError(f"{where}.namespace: required for the namespaced {query.kind}")
+    if _is_namespace(resource) and query.name is not None:
+        # The Namespace object itself, as the commands' gateway refuses it.
+        step.context.check_not_own(query.name, f"{where}.name")
     return resource
 
 
@@ -131,10 +164,13 @@ async def _get(query: GetQuery, step: Step, where: str) -> dict[str, Any]:
         obj = await _read(step, resource, query.namespace, query.name, where)
         return _fit_object(clean_object(obj, resource))
     items = await _list(step, resource, query.namespace, where, label_selector=query.label_selector)
+    note: dict[str, Any] = {}
+    if resource.namespaced and query.namespace is None:
+        items, note = _outside_own(items, step)
     kept, truncated = _fit_items(
         [clean_object(item, resource) for item in items], MAX_RESULT_BYTES - 256
     )
-    return {"items": kept, "count": len(items), "truncated": truncated}
+    return {"items": kept, "count": len(items), "truncated": truncated} | note
 
 
 async def _describe(query: DescribeQuery, step: Step, where: str) -> dict[str, Any]:
@@ -145,7 +181,12 @@ async def _describe(query: DescribeQuery, step: Step, where: str) -> dict[str, A
     namespace = query.namespace if resource.namespaced else "default"
     if resource.namespaced:
         selector += f",involvedObject.namespace={query.namespace}"
-    events = await _list(step, _EVENTS, namespace, where, field_selector=selector)
+    note: dict[str, Any] = {}
+    if namespace == step.context.own_namespace:
+        # A cluster-scoped object's events are in "default": not read if that is the agent's.
+        events, note = [], {"excludedNamespace": namespace}
+    else:
+        events = await _list(step, _EVENTS, namespace, where, field_selector=selector)
     events.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
     listed = [
         {
@@ -160,7 +201,7 @@ async def _describe(query: DescribeQuery, step: Step, where: str) -> dict[str, A
         for event in events[-_MAX_EVENTS:]
     ]
     kept, truncated = _fit_items(listed, MAX_RESULT_BYTES // 4)
-    result = _fit_object(obj) | {"events": kept}
+    result = _fit_object(obj) | {"events": kept} | note
     if truncated:
         result["truncated"] = True
     return result

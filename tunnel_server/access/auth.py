@@ -33,7 +33,7 @@ def parse_bearer(header: str) -> str:
     if scheme.lower() != "bearer" or not token:
         raise UnauthorizedError(
             "send an API token as 'Authorization: Bearer TOKEN' "
-            "(tunnelctl reads it from --token or TUNNELCTL_TOKEN)",
+            "(tunnelctl reads it from --token-file or TUNNELCTL_TOKEN)",
             code="token_missing",
         )
     if len(token) > MAX_TOKEN_LENGTH or not token.isascii() or not token.isprintable():

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from protocol.errors import TunnelError
-from tunnel_cli import env_flag, printable
+from tunnel_cli import OnCommandLine, env_flag, printable
 from tunnel_pki.errors import PkiError
 from tunnel_pki.tls import client_context
 from tunnel_server import __version__
@@ -19,13 +19,26 @@ from tunnel_server.ctl.common import Command
 
 __all__ = ["build_parser", "main"]
 
+#: Said on stderr when the API token comes as a flag (never the token itself).
+_PS_SHOWS_THE_FLAG = (
+    "tunnelctl: warning: --token puts the API token on the command line, where anyone on this "
+    "machine can read it (ps, /proc); use --token-file or TUNNELCTL_TOKEN instead"
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tunnelctl", description="Manage the tunnel server.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     env_flag(parser, "--server", "TUNNELCTL_SERVER", help="server URL, https://HOST:PORT")
     env_flag(parser, "--ca", "TUNNELCTL_CA", help="CA bundle (PEM file) to pin the server with")
-    env_flag(parser, "--token", "TUNNELCTL_TOKEN", help="API token")
+    env_flag(
+        parser,
+        "--token",
+        "TUNNELCTL_TOKEN",
+        action=OnCommandLine,
+        help="API token (on the command line, ps shows it: prefer --token-file or the variable)",
+    )
+    parser.set_defaults(token_on_command_line=False)
     env_flag(parser, "--token-file", "TUNNELCTL_TOKEN_FILE", help="file holding the API token")
     commands = parser.add_subparsers(dest="command", required=True)
     clusters.register(commands)
@@ -61,6 +74,8 @@ def make_client(args: argparse.Namespace) -> ApiClient:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``tunnelctl``."""
     args = build_parser().parse_args(argv)
+    if args.token_on_command_line and args.token:
+        print(_PS_SHOWS_THE_FLAG, file=sys.stderr)
     try:
         client = make_client(args)
         run: Command = args.run
