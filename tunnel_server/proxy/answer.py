@@ -85,12 +85,6 @@ def answer_framing(method: str, response: ResponseHead, cluster: str) -> AnswerF
     (RFC 9112, 6.3: a message with both is an attack on its framing), and a
     reason phrase safe in a status line.
     """
-    if any(name == "transfer-encoding" for name, _ in response.headers) and any(
-        name == "content-length" for name, _ in response.headers
-    ):
-        raise ProxyRefusal(
-            502, "BadGateway", "the agent's answer has both Transfer-Encoding and Content-Length"
-        )
     headers = answer_headers(response.headers, cluster)
     length: int | None = None
     for name, value in headers:
@@ -99,6 +93,15 @@ def answer_framing(method: str, response: ResponseHead, cluster: str) -> AnswerF
             if parsed is None or (length is not None and parsed != length):
                 raise ProxyRefusal(502, "BadGateway", "the agent's answer has an invalid length")
             length = parsed
+    if length is not None:
+        # Transfer-Encoding is hop-by-hop, so answer_headers dropped it: look in the head.
+        for name, _ in response.headers:
+            if name == "transfer-encoding":
+                raise ProxyRefusal(
+                    502,
+                    "BadGateway",
+                    "the agent's answer has both Transfer-Encoding and Content-Length",
+                )
     reason = reason_phrase(response.status, response.reason)
     if method == "HEAD" or response.status in (204, 304):
         return AnswerFraming(headers, 0, reason)

@@ -98,7 +98,8 @@ _INSERT_PROXY_AUDIT = (
     " column2, column3, 'proxy', column4, column5, column6, column7, column8, column9,"
     " CASE WHEN column11 = '' THEN"
     " CASE column10 WHEN '' THEN '{}' ELSE json_object('ended', column10) END"
-    " WHEN column10 = '' THEN json_object('as', json(column11))"
+    # The identity is JSON already (recorded_identity): joined as text, not parsed again.
+    " WHEN column10 = '' THEN '{\"as\":' || column11 || '}'"
     " ELSE json_object('ended', column10, 'as', json(column11)) END"
     " FROM (VALUES "
 )
