@@ -16,7 +16,7 @@ def parse_duration(value: object, path: str, *, minimum: int, maximum: int) -> i
     hint = "must be a duration such as 30s, 10m or 1h30m"
     if not isinstance(value, str):
         raise CommandSpecError(path, hint)
-    match = _DURATION.match(value)
+    match = _DURATION.fullmatch(value)
     if not value or match is None:
         raise CommandSpecError(path, hint)
     hours, minutes, seconds = (int(part) if part else 0 for part in match.groups())

@@ -41,7 +41,7 @@ def describe(value: object) -> str:
 
 
 def check_pattern(value: str, path: str, pattern: re.Pattern[str], rule: str) -> str:
-    if not pattern.match(value):
+    if not pattern.fullmatch(value):
         raise CommandSpecError(path, f"{describe(value)} is not {rule}")
     return value
 

@@ -51,7 +51,7 @@ def parse_git_source(raw: object, path: str) -> GitSource:
 
 
 def _check_url(url: str, path: str) -> str:
-    if _SCP_LIKE.match(url):
+    if _SCP_LIKE.fullmatch(url):
         return url
     split = urlsplit(url)
     if split.scheme not in GIT_SCHEMES:
@@ -73,7 +73,9 @@ def _check_path(directory: str, path: str) -> str:
     if directory == ".":
         return directory
     parts = directory.strip("/").split("/") if not directory.startswith("/") else []
-    if not parts or any(part in ("", ".", "..") or not _PATH_PART.match(part) for part in parts):
+    if not parts or any(
+        part in ("", ".", "..") or not _PATH_PART.fullmatch(part) for part in parts
+    ):
         raise CommandSpecError(
             path, f"{describe(directory)} is not a relative path inside the repository"
         )

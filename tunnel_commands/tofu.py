@@ -98,7 +98,7 @@ def parse_tofu(fields: Fields, scope: Scope) -> TofuSpec:
             raise CommandSpecError(table.path, f"must have at most {MAX_VARIABLES} variables")
         for name, raw in table.raw.items():
             path = table.path_of(name[:40])
-            if not _VARIABLE.match(name):
+            if not _VARIABLE.fullmatch(name):
                 raise CommandSpecError(path, "is not a variable name (letters, digits, _ and -)")
             variables[name] = parse_value(raw, path, scope)
             table.take(name)

@@ -88,7 +88,7 @@ class Scope:
 
     def default_name(self, path: str, field: str) -> str:
         """``name`` as the default of ``field``, refused when it is too long for one."""
-        if not NAME.match(self.name):
+        if not NAME.fullmatch(self.name):
             raise CommandSpecError(
                 path,
                 f"the default {field} {describe(self.name)} is longer than 53 characters; "

@@ -31,6 +31,7 @@ async def test_a_refused_registration_leaves_no_cluster_behind(server: RunningSe
         ({"name": "x", "rbac": "namespaced"}, "needs its namespaces"),
         ({"name": "x", "rbac": "full", "namespaces": ["a"]}, "namespaced only"),
         ({"name": "x", "rbac": "namespaced", "namespaces": ["Not_A_Name"]}, "not a valid"),
+        ({"name": "x", "rbac": "namespaced", "namespaces": ["team-a\n"]}, "not a valid"),
         (
             {"name": "x", "rbac": "namespaced", "namespaces": ["web", "tunnel-agent"]},
             "namespace tunnel-agent is the agent's own: a namespaced agent may not serve it",

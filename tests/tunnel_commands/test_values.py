@@ -34,6 +34,14 @@ def _variable(value: Any) -> CommandSpecError:
             "spec.variables.x.secretRef.key: 'a b' is not a Secret key",
         ),
         (
+            {"namespace": "vault\n", "name": "db", "key": "pw"},
+            "spec.variables.x.secretRef.namespace: 'vault\\n' is not a namespace name",
+        ),
+        (
+            {"namespace": "vault", "name": "db", "key": "pw\n"},
+            "spec.variables.x.secretRef.key: 'pw\\n' is not a Secret key",
+        ),
+        (
             {"namespace": "Vault", "name": "db", "key": "pw"},
             "spec.variables.x.secretRef.namespace: 'Vault' is not a namespace name",
         ),
@@ -74,7 +82,9 @@ def test_durations_are_parsed(text: str, seconds: int) -> None:
     assert parse_duration(text, "t", minimum=1, maximum=86400) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "10", "1d", "5 m", "-1s", "1.5h", "1m1h", "1234567s"])
+@pytest.mark.parametrize(
+    "text", ["", "10", "1d", "5 m", "-1s", "1.5h", "1m1h", "1234567s", "10m\n"]
+)
 def test_malformed_durations_are_refused(text: str) -> None:
     with pytest.raises(CommandSpecError, match="must be a duration"):
         parse_duration(text, "t", minimum=1, maximum=86400)

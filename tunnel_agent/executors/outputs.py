@@ -30,7 +30,7 @@ class OutputWriter:
         if self.target is None or not outputs:
             return []
         for name in outputs:
-            if not _KEY.match(name):
+            if not _KEY.fullmatch(name):
                 raise ExecutorError(f"output {name[:60]!r} cannot be a Secret key")
         secret = {
             "apiVersion": "v1",

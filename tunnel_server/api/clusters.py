@@ -124,7 +124,7 @@ def _namespaces(value: Any, rbac: str) -> tuple[str, ...]:
         raise BadRequestError("namespaces must be a list of at most 64 names")
     names = tuple(dict.fromkeys(str(item) for item in value))
     for item in names:
-        if not _NAMESPACE.match(item):
+        if not _NAMESPACE.fullmatch(item):
             raise BadRequestError(f"{item[:64]!r} is not a valid namespace name")
         reason = unservable(item)
         if reason is not None:
