@@ -26,6 +26,10 @@ from .dockerfiles import REPO
 #: A clean install fetches and builds everything: mypyc alone takes about a minute.
 INSTALL_TIMEOUT = 900
 
+# Each test installs from scratch: well past the suite's per-test limit (pyproject.toml),
+# and each subprocess has a timeout of its own.
+pytestmark = pytest.mark.timeout(INSTALL_TIMEOUT + 120)
+
 
 def _checkout(target: Path) -> Path:
     """Copy what a fresh clone of the working tree would hold into ``target``."""

@@ -25,6 +25,10 @@ from scripts.compiled import compiled_sources
 
 from .dockerfiles import REPO
 
+# The wheel fixture builds with a pip of its own, fetching the build requirements
+# and compiling: past the suite's per-test limit; its subprocess has a timeout.
+pytestmark = pytest.mark.timeout(1200)
+
 SCRIPTS = {
     "tunnel-agent": "tunnel_agent.cli:main",
     "tunnel-server": "tunnel_server.cli:main",
