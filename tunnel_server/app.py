@@ -50,7 +50,6 @@ from tunnel_server.store.base import (
     Store,
     StoreError,
 )
-from tunnel_server.store.postgres import PostgresStore
 from tunnel_server.store.sqlite import SqliteStore
 
 __all__ = [
@@ -138,6 +137,9 @@ async def open_store(settings: ServerSettings) -> Store:
     state directory (the URL's password is never logged: ``PostgresStore.where``)."""
     if settings.store.database is None:
         return await SqliteStore.open(settings.state_dir / "state.db")
+    # Imported only here: a server on SQLite never loads asyncpg.
+    from tunnel_server.store.postgres import PostgresStore
+
     return await PostgresStore.open(
         settings.store.database,
         max_connections=settings.store.max_connections,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -56,3 +58,17 @@ def test_only_a_postgresql_url_names_a_database() -> None:
     with pytest.raises(ConfigError, match="postgresql://"):
         StoreSettings(database="mysql://db/state")
     assert StoreSettings().database is None
+
+
+def test_a_server_on_sqlite_never_loads_asyncpg() -> None:
+    """Everything of the server imports the store package; only --database loads the driver."""
+    probe = (
+        "import sys\n"
+        "import tunnel_server.app, tunnel_server.cli, tunnel_server.edge.frontdoor\n"
+        "from tunnel_server.store import SqliteStore\n"
+        "print('asyncpg' in sys.modules)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert run.stdout.strip() == "False"

@@ -9,6 +9,8 @@ the error root), asyncpg (the PostgreSQL engine's driver) and the standard
 library only.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from tunnel_server.store.base import (
     AUDIT_KINDS,
     MAX_AUDIT_LIMIT,
@@ -36,8 +38,10 @@ from tunnel_server.store.base import (
     User,
     hash_token,
 )
-from tunnel_server.store.postgres import PostgresStore
 from tunnel_server.store.sqlite import SqliteStore
+
+if TYPE_CHECKING:
+    from tunnel_server.store.postgres import PostgresStore
 
 __all__ = [
     "AUDIT_KINDS",
@@ -68,3 +72,16 @@ __all__ = [
     "User",
     "hash_token",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``PostgresStore``, imported when first asked for (PEP 562).
+
+    A server on SQLite never loads asyncpg (about 3 MiB of memory), though
+    everything of the server imports this package.
+    """
+    if name == "PostgresStore":
+        from tunnel_server.store.postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
