@@ -10,6 +10,7 @@ __all__ = [
     "HTTP_ACCESS_REVOKED",
     "INFO_AGENT_VERSION",
     "INFO_CLUSTER",
+    "INFO_KUBERNETES_VERSION",
     "INFO_POD",
     "INFO_SERVER_VERSION",
     "MESSAGE_CERT_ISSUED",
@@ -54,5 +55,7 @@ MESSAGE_CERT_REFUSED = "cert.refused"
 #: HELLO info keys: claims only, the certificate is what identifies an agent.
 INFO_AGENT_VERSION = "agent_version"
 INFO_CLUSTER = "cluster"
+#: The cluster's Kubernetes version, as its API server's ``/version`` says (``gitVersion``).
+INFO_KUBERNETES_VERSION = "kubernetes_version"
 INFO_POD = "pod"
 INFO_SERVER_VERSION = "server_version"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import ipaddress
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -33,7 +35,9 @@ from .config import AgentSettings, ConnectSettings
 from .connector import Agent
 from .credentials import CredentialStore, DirectoryCredentialStore, SecretCredentialStore
 from .errors import AgentConfigError, AgentStoppedError
+from .executors import subprocess_environment
 from .executors.gateway import CommandsGateway
+from .executors.jobspec import JobSettings
 from .health import start_health_server
 from .journal import Journal
 from .kubeapi import KubeApi, load_kube_configuration
@@ -174,8 +178,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--command-types",
         env + "COMMAND_TYPES",
         default=",".join(COMMAND_TYPES),
-        help="comma-separated command types this agent runs (default: all); "
-        "tofu runs the module's code in the agent's pod, with its identity",
+        help="comma-separated command types this agent runs (default: all)",
+    )
+    env_flag(
+        run,
+        "--run-image",
+        env + "RUN_IMAGE",
+        help="in a cluster: the image of the Jobs that run helm and tofu steps (the agent's "
+        "own); without it those steps run in the agent's pod",
+    )
+    env_flag(
+        run,
+        "--gateway-listen",
+        env + "GATEWAY_LISTEN",
+        default="127.0.0.1:0",
+        help="HOST:PORT of the commands' gateway (runs' Jobs reach it: the pod's address)",
+    )
+    env_flag(
+        run,
+        "--gateway-host",
+        env + "GATEWAY_HOST",
+        help="the host runs' kubeconfigs name for the gateway (default: its listen host; "
+        "listening on every address, this host's own address)",
     )
     env_flag(
         run,
@@ -201,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(EVENT_LOOPS),
         help="event loop: uvloop when installed (auto), or force uvloop or asyncio",
     )
+    step = commands.add_parser("step", help="run one command step (inside a run's Job)")
+    step.add_argument("document", help="the step's document, mounted from its Secret")
     return parser
 
 
@@ -239,6 +265,9 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         if not port.isdigit():
             raise AgentConfigError("--health-listen must be HOST:PORT")
         health = (host or "127.0.0.1", int(port))
+    gateway_host, _, gateway_port = str(args.gateway_listen).rpartition(":")
+    if not gateway_port.isdigit():
+        raise AgentConfigError("--gateway-listen must be HOST:PORT")
     return AgentSettings(
         server_url=str(args.server).rstrip("/"),
         ca_pem=ca_pem,
@@ -251,6 +280,9 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         commands_concurrency=_positive_int(args.commands_concurrency, "--commands-concurrency"),
         command_types=_command_types(str(args.command_types)),
         allow_file_git_sources=bool(args.allow_file_git_sources),
+        run_image=args.run_image or None,
+        gateway_listen=(gateway_host or "127.0.0.1", int(gateway_port)),
+        gateway_host=args.gateway_host or None,
         proxy=ProxyPolicy(
             read_only=bool(args.read_only),
             namespaces=frozenset(n.strip() for n in str(args.namespaces).split(",") if n.strip()),
@@ -313,7 +345,24 @@ async def run_agent(settings: AgentSettings) -> None:
         store = SecretCredentialStore(kube.api_client(), *settings.credentials_secret)
         namespace = settings.credentials_secret[0]
     proxy = KubeProxy(kube, settings.proxy)
-    gateway = CommandsGateway(kube)
+    gateway = CommandsGateway(
+        kube,
+        host=settings.gateway_listen[0],
+        port=settings.gateway_listen[1],
+        advertised=settings.gateway_host or _own_address(settings.gateway_listen[0]),
+    )
+    jobs = None
+    if settings.run_image is not None and settings.credentials_secret is not None:
+        # In a cluster: helm and tofu run as Jobs, away from the agent's token.
+        jobs = JobSettings(
+            settings.run_image,
+            namespace,
+            environment=tuple(
+                (name, value)
+                for name, value in subprocess_environment().items()
+                if name not in ("PATH", "HOME")
+            ),
+        )
     runner = build_command_runner(
         kube,
         Journal(store),
@@ -327,6 +376,7 @@ async def run_agent(settings: AgentSettings) -> None:
         # In a cluster, the agent's namespace (its Secrets) is out of commands' reach.
         own_namespace=None if settings.credentials_secret is None else namespace,
         allow_file_git_sources=settings.allow_file_git_sources,
+        jobs=jobs,
     )
     if settings.allow_file_git_sources:
         logger.warning("git sources may be file:// paths in this pod (--allow-file-git-sources)")
@@ -353,6 +403,11 @@ async def run_agent(settings: AgentSettings) -> None:
         on_connected=connected,
         on_disconnected=disconnected,
     )
+    version = await kube.kubernetes_version()
+    if version is not None:
+        agent.facts[kinds.INFO_KUBERNETES_VERSION] = version
+    else:
+        logger.warning("the API server did not say its version; the server will not show it")
     metrics = AgentMetrics(agent, proxy, runner)
     # The command executors use kubernetes_asyncio's client (tens of thousands
     # of objects); loaded now, the freeze covers it.
@@ -385,9 +440,29 @@ async def run_agent(settings: AgentSettings) -> None:
         await kube.close()
 
 
+def _own_address(listen: str) -> str | None:
+    """This host's address, for a gateway listening on every address (a pod's: /etc/hosts)."""
+    try:
+        unspecified = ipaddress.ip_address(listen).is_unspecified
+    except ValueError:
+        return None  # a host name: the one runs are told
+    if not unspecified:
+        return None
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError as exc:
+        raise AgentConfigError(
+            f"cannot find this host's address for the commands' gateway: {exc}; give --gateway-host"
+        ) from exc
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``tunnel-agent``."""
     args = build_parser().parse_args(argv)
+    if args.command == "step":
+        from .executors.jobstep import main as step_main
+
+        return step_main([args.document])
     try:
         configure_logging(args.log_format, args.log_level)
         for warning in command_line_warnings(args):

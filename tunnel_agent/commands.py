@@ -16,6 +16,7 @@ from tunnel_commands.spec import ALL_COMMAND_TYPES
 
 from .executors import ExecutionContext, execute, file_source_refusal, subprocess_environment
 from .executors.gateway import CommandsGateway
+from .executors.jobspec import JobSettings
 from .journal import Journal
 from .kubeapi import KubeApi
 from .runner import CommandRunner, JobContext, RunnerSettings
@@ -34,8 +35,7 @@ def validate_spec(
 
     A read-only agent runs queries only: every other type changes the cluster.
     ``command_types`` are the types the cluster's owner lets the agent run
-    (a flow's steps included): ``tofu`` runs the module's code in the agent's
-    pod, with its identity. A ``file://`` git source is a path in the agent's
+    (a flow's steps included). A ``file://`` git source is a path in the agent's
     own pod: refused unless ``allow_file_git_sources`` (its
     ``--allow-file-git-sources``).
     """
@@ -75,8 +75,9 @@ def build_command_runner(
     masked_values: tuple[str, ...] = (),
     own_namespace: str | None = None,
     allow_file_git_sources: bool = False,
+    jobs: JobSettings | None = None,
 ) -> CommandRunner:
-    """A runner whose jobs run through the executors with the agent's API access.
+    """A runner whose jobs run through the executors, each as the identity its offer names.
 
     ``environment`` is the base environment of helm, tofu and git (by default
     the part of the agent's own that executors pass on); each run gets a home
@@ -86,7 +87,9 @@ def build_command_runner(
     cluster) holds the agent's Secrets: no command reads or writes in it.
     ``allow_file_git_sources`` lets git sources be ``file://`` paths in the
     agent's pod (refused otherwise, when offered and again when run).
-    ``gateway`` is how helm reaches the API server; its owner closes it.
+    ``gateway`` is how helm and tofu reach the API server, with a credential
+    of their run's identity; its owner closes it. ``jobs`` (in a cluster) runs
+    their steps as Jobs, away from the agent's credentials.
     """
 
     async def run(spec: dict[str, Any], job: JobContext) -> dict[str, Any]:
@@ -106,6 +109,8 @@ def build_command_runner(
             own_namespace=own_namespace,
             allow_file_git_sources=allow_file_git_sources,
             gateway=gateway,
+            identity=job.identity,
+            jobs=jobs,
         )
         for secret in (*masked_values, *_bearer(await kube.authorization())):
             context.masker.add(secret)

@@ -49,3 +49,8 @@ class AgentSettings:
     #: Whether git sources may be file:// paths in the agent's pod (--allow-file-git-sources).
     allow_file_git_sources: bool = False
     proxy: ProxyPolicy = field(default_factory=ProxyPolicy)
+    #: In a cluster: the image of runs' Jobs (the agent's own); None runs steps in this pod.
+    run_image: str | None = None
+    #: Where the commands' gateway listens (a Job's pod reaches it) and the host runs are told.
+    gateway_listen: tuple[str, int] = ("127.0.0.1", 0)
+    gateway_host: str | None = None

@@ -98,6 +98,8 @@ class Agent:
         self._renewal: asyncio.Future[tuple[bytes, bytes]] | None = None
         self._ssl_cache: tuple[bytes | None, ssl.SSLContext] | None = None
         self._rebootstrapped = False
+        #: More HELLO info, what the agent knows of its cluster (its Kubernetes version).
+        self.facts: dict[str, str] = {}
 
     @property
     def credentials(self) -> Credentials | None:
@@ -280,6 +282,7 @@ class Agent:
                     kinds.INFO_AGENT_VERSION: __version__,
                     kinds.INFO_CLUSTER: settings.cluster,
                     kinds.INFO_POD: socket.gethostname()[:64],
+                    **self.facts,
                 },
                 # The server is trusted with this cluster's availability (a
                 # compromised one could send real requests instead), and a

@@ -9,6 +9,7 @@ kubernetes_asyncio client for typed calls (Secrets, apply).
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import time
 from collections.abc import Callable
@@ -27,6 +28,8 @@ __all__ = ["CREDENTIAL_REUSE", "KubeApi", "load_kube_configuration"]
 #: a kubeconfig's exec plugin) only when its own, longer, period is up; asking
 #: it for every relayed request cost two coroutines and a dict each time.
 CREDENTIAL_REUSE = 1.0
+#: Seconds the agent waits at start for the API server to say its version.
+VERSION_PATIENCE = 3.0
 
 
 async def load_kube_configuration(kubeconfig: Path | None) -> Any:
@@ -98,6 +101,26 @@ class KubeApi:
         value = str(bearer["value"]) if bearer and bearer.get("value") else None
         self._authorization, self._authorization_until = value, now + CREDENTIAL_REUSE
         return value
+
+    async def kubernetes_version(self) -> str | None:
+        """The API server's version (``gitVersion`` of ``/version``), or None if it cannot
+        say within :data:`VERSION_PATIENCE` seconds: a fact the agent tells the server."""
+        headers = {}
+        try:
+            async with asyncio.timeout(VERSION_PATIENCE):
+                authorization = await self.authorization()
+                if authorization:
+                    headers["Authorization"] = authorization
+                async with self.session.get(
+                    self.url("/version"), headers=headers, ssl=self.ssl_context
+                ) as answer:
+                    if answer.status != 200:
+                        return None
+                    body = await answer.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, ValueError, OSError):
+            return None
+        version = body.get("gitVersion") if isinstance(body, dict) else None
+        return version[:64] if isinstance(version, str) and version.isprintable() else None
 
     def api_client(self) -> Any:
         """A kubernetes_asyncio ApiClient on the same credentials (shared)."""

@@ -26,12 +26,13 @@ import aiohttp
 from protocol.errors import ErrorCode, MalformedFrameError
 from protocol.http import CLIENT_ADDRESS, HOP_BY_HOP, Headers, RequestHead, encode_response_head
 from protocol.kinds import HTTP_ACCESS_REVOKED
-from tunnel_kube import error_answer
+from tunnel_kube import ApiRequest, error_answer, parse_api_request
 from tunnel_mux import MuxStream, SessionError, StreamResetError
 
 from .kubeapi import KubeApi
 from .kubeproxy_aiohttp import DROPPED_RESPONSE_HEADERS, relay_request, relay_upgrade
 from .policy import ProxyPolicy, Refusal
+from .reviews import MAX_REVIEW, is_review, json_accepted, narrow_review, narrows
 from .upstream import (
     UpstreamConnectError,
     UpstreamError,
@@ -151,7 +152,11 @@ class KubeProxy:
             return
         authorization = await self.api.authorization()
         if not head.upgrade and head.method != "HEAD":
-            await self._request(stream, head, _forwarded(head.headers), authorization)
+            review = self._review(head)
+            forwarded = _forwarded(head.headers)
+            if review is not None:
+                forwarded = json_accepted(forwarded)
+            await self._request(stream, head, forwarded, authorization, review)
             return
         refusal = _body_refusal(head, stream)
         if refusal is not None:
@@ -169,6 +174,13 @@ class KubeProxy:
         refusal = await self._through_aiohttp(stream, head, headers)
         if refusal is not None:
             await _answer_status(stream, refusal)
+
+    def _review(self, head: RequestHead) -> ApiRequest | None:
+        """The access or rules review whose answer the policy narrows (``kubectl auth can-i``)."""
+        if head.method != "POST" or "selfsubject" not in head.path or not narrows(self.policy):
+            return None
+        request = parse_api_request(head.method, head.path)
+        return request if is_review(request) else None
 
     def _admit(self, stream: MuxStream) -> RequestHead | Refusal:
         """The stream's request head, or why it is refused."""
@@ -210,11 +222,15 @@ class KubeProxy:
         head: RequestHead,
         headers: Headers,
         authorization: str | None,
+        review: ApiRequest | None = None,
     ) -> None:
         """Relay a plain request through the agent's own client."""
         response = await self._open(stream, head, headers, authorization)
         if isinstance(response, Refusal):
             await _answer_status(stream, response)
+            return
+        if review is not None:
+            await self._narrowed(stream, head, response, review)
             return
         with response:
             self.requests[(head.method.lower(), response.status)] += 1
@@ -236,6 +252,39 @@ class KubeProxy:
                 logger.warning("the API server's answer broke off: %s", exc)
                 stream.reset(ErrorCode.CANCEL, "the API server's answer broke off")
                 return
+        stream.end()
+
+    async def _narrowed(
+        self, stream: MuxStream, head: RequestHead, response: UpstreamResponse, review: ApiRequest
+    ) -> None:
+        """Answer a review with the API server's answer, narrowed by the policy."""
+        with response:
+            self.requests[(head.method.lower(), response.status)] += 1
+            body = response.read_nowait()
+            try:
+                while len(body) <= MAX_REVIEW and (chunk := await response.read()):
+                    body += chunk
+            except UpstreamError as exc:
+                logger.warning("the API server's answer broke off: %s", exc)
+                stream.reset(ErrorCode.CANCEL, "the API server's answer broke off")
+                return
+            status, reason, kept = response.status, response.reason, response.headers
+        if len(body) > MAX_REVIEW:
+            await _answer_status(
+                stream, Refusal(502, "BadGateway", "the API server's review answer is too large")
+            )
+            return
+        narrowed = narrow_review(self.policy, review, body) if status == 201 else None
+        if narrowed is not None:
+            body = narrowed
+        headers = [
+            (name, value)
+            for name, value in kept
+            if name not in DROPPED_RESPONSE_HEADERS
+            and name not in ("content-length", "transfer-encoding")
+        ]
+        headers.append(("content-length", str(len(body))))
+        await stream.write(encode_response_head(status, reason, headers) + body)
         stream.end()
 
     async def _open(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import shutil
 import tempfile
 from collections import Counter, deque
@@ -28,6 +29,7 @@ from protocol.errors import ErrorCode, LocalProtocolError, MalformedFrameError
 from protocol.records import MAX_RECORD, RecordReader, encode_record
 from tunnel_mux import MuxStream, Session, SessionError
 
+from .identity import AGENT, RunIdentity, identity_from_offer
 from .journal import Journal
 
 __all__ = ["CommandRunner", "Job", "RunnerSettings"]
@@ -41,6 +43,10 @@ Executor = Callable[[dict[str, Any], "JobContext"], Awaitable[dict[str, Any]]]
 Validator = Callable[[dict[str, Any]], None]
 
 _MAX_SPEC = 2 * 1024 * 1024
+
+
+#: Seconds before a report the server failed is made again on the same session (at most).
+REPORT_RETRY = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +68,8 @@ class JobContext:
     attempt: int
     workdir: Path
     log: Callable[[str], None]
+    #: Whom the command acts as in the cluster (from the server's offer).
+    identity: RunIdentity = AGENT
 
 
 @dataclass(eq=False, slots=True)
@@ -72,6 +80,7 @@ class Job:
     name: str
     spec: dict[str, Any]
     timeout: float
+    identity: RunIdentity = AGENT
     state: str = "queued"  # queued, running, finished
     result: dict[str, Any] | None = None
     cancel_requested: bool = False
@@ -185,6 +194,8 @@ class CommandRunner:
             return {"accepted": False, "reason": "the offer needs a spec and a timeout"}
         try:
             self._validate(spec)
+            # Only ever from the server's offer: the spec has no say in it.
+            identity = identity_from_offer(offer.get("identity"))
         except ValueError as exc:
             return {"accepted": False, "reason": str(exc)[:500]}
         queued = sum(1 for job in self.jobs.values() if job.state == "queued")
@@ -197,6 +208,7 @@ class CommandRunner:
             str(headers.get("name", "")),
             spec,
             float(timeout),
+            identity,
         )
         self.jobs[job.key] = job
         self.journal.accept(command_id, attempt)
@@ -237,7 +249,9 @@ class CommandRunner:
         workdir = Path(
             tempfile.mkdtemp(prefix=f"command-{job.id[:8]}-", dir=self.settings.workroot)
         )
-        context = JobContext(job.id, job.attempt, workdir, lambda line: self._log(job, line))
+        context = JobContext(
+            job.id, job.attempt, workdir, lambda line: self._log(job, line), job.identity
+        )
         try:
             result = await asyncio.wait_for(self._execute(job.spec, context), job.timeout)
         except TimeoutError:
@@ -343,7 +357,21 @@ class CommandRunner:
         the job's report must restart here or the server never hears of it.
         """
         current = self._session
-        if current is not None and current is not ended and job.key in self.jobs:
+        if current is None or job.key not in self.jobs:
+            return
+        if current is not ended:
+            self._report(job)
+        elif current.is_open:
+            # The server failed the report (its database was away, say) on a session
+            # that goes on: report again a little later, or the result waits for the
+            # next reconnect.
+            task = asyncio.create_task(self._report_later(job), name=f"report again {job.id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _report_later(self, job: Job) -> None:
+        await asyncio.sleep(random.uniform(REPORT_RETRY / 2, REPORT_RETRY))  # noqa: S311 - jitter
+        if job.key in self.jobs:
             self._report(job)
 
     async def _pump(

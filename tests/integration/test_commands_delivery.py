@@ -285,7 +285,7 @@ async def test_same_attempt_is_never_run_twice(server: RunningServer, tmp_path: 
     ):
         await agent.wait_connected()
         offer = {"id": "a1b2", "attempt": 1, "type": "query", "name": "ok-dup"}
-        body = {"spec": command("ok-dup"), "timeout_seconds": 60}
+        body = {"spec": command("ok-dup"), "timeout_seconds": 60, "identity": {"agent": True}}
         assert runner._accept(offer, body) == {"accepted": True}
         assert runner._accept(offer, body) == {"accepted": False, "reason": "duplicate"}
         assert runner._accept({**offer, "attempt": 2}, body) == {"accepted": True}

@@ -14,6 +14,7 @@ Modules, one concept each:
 - :mod:`~tests.kubestub.store`: objects, resourceVersions, watch fan-out
 - :mod:`~tests.kubestub.admission`: validation, defaults, the kubelet's and controllers' part
 - :mod:`~tests.kubestub.controllers`: pods for deployments and jobs, garbage collection
+- :mod:`~tests.kubestub.jobrunner`: Job pods run as local processes (when switched on)
 - :mod:`~tests.kubestub.resources`: routing and the REST verbs
 - :mod:`~tests.kubestub.watch`: watch streams
 - :mod:`~tests.kubestub.patch`: merge, strategic merge and JSON patches

@@ -82,7 +82,11 @@ class Attributes:
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """A policy rule; ``*`` matches anything. ``resource`` may be ``pods/exec``."""
+    """A policy rule; ``*`` matches anything. ``resource`` may be ``pods/exec``.
+
+    ``user`` is a user's name, or ``group:NAME`` for everyone in group ``NAME``
+    (so a small role table can speak of the groups a grant adds).
+    """
 
     user: str = "*"
     verb: str = "*"
@@ -97,7 +101,13 @@ class Rule:
         if attributes.subresource:
             resource = f"{resource}/{attributes.subresource}"
         return (
-            self.user in ("*", attributes.user.name)
+            (
+                self.user in ("*", attributes.user.name)
+                or (
+                    self.user.startswith("group:")
+                    and self.user.removeprefix("group:") in attributes.user.groups
+                )
+            )
             and self.verb in ("*", attributes.verb)
             and self.resource in ("*", resource)
             and self.namespace in ("*", attributes.namespace)

@@ -175,6 +175,10 @@ KINDS: tuple[ResourceKind, ...] = (
         namespaced=False,
         verbs=("create",),
     ),
+    ResourceKind(
+        "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False
+    ),
+    ResourceKind("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
 )
 """Every resource served, in discovery order."""
 

@@ -168,7 +168,7 @@ async def handle_resource(
         body = await read_body(request)
         return _write(request, state, path, body, "Update")
     if verb == "patch":
-        return await _patch(request, state, path)
+        return await _patch(request, state, user, path)
     return await _delete(request, state, path)
 
 
@@ -413,11 +413,13 @@ def _write(
     return _respond(request, stored, kind, 201 if created_by_apply else 200)
 
 
-async def _patch(request: web.Request, state: ClusterState, path: ApiPath) -> web.Response:
+async def _patch(
+    request: web.Request, state: ClusterState, user: UserInfo, path: ApiPath
+) -> web.Response:
     kind = path.kind
     content_type = media_type(request.headers.get("Content-Type", ""))
     if content_type == "application/apply-patch+yaml":
-        return await _apply(request, state, path)
+        return await _apply(request, state, user, path)
     patchers = {
         "application/merge-patch+json": merge_patch,
         "application/strategic-merge-patch+json": strategic_merge_patch,
@@ -433,7 +435,9 @@ async def _patch(request: web.Request, state: ClusterState, path: ApiPath) -> we
     return _write(request, state, path, patched, "Update")
 
 
-async def _apply(request: web.Request, state: ClusterState, path: ApiPath) -> web.Response:
+async def _apply(
+    request: web.Request, state: ClusterState, user: UserInfo, path: ApiPath
+) -> web.Response:
     kind = path.kind
     manager = request.query.get("fieldManager")
     if not manager:
@@ -453,6 +457,10 @@ async def _apply(request: web.Request, state: ClusterState, path: ApiPath) -> we
         )
     live = state.store.find(kind, path.namespace, path.name)
     if live is None:
+        # As the API server: an apply that creates the object needs create as well as patch.
+        state.policy.check(
+            Attributes(user, "create", kind.plural, "", kind.group, path.namespace, path.name)
+        )
         applied.setdefault("metadata", {})["name"] = path.name
         obj = prepare_create(kind, applied, path.namespace)
         obj = server_side_apply(None, obj, manager, kind, force=force)

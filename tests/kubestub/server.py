@@ -36,6 +36,7 @@ from tests.kubestub.auth import (
 )
 from tests.kubestub.discovery import handle_discovery, handle_openapi
 from tests.kubestub.httpio import MAX_BODY, json_response
+from tests.kubestub.jobrunner import JobPods
 from tests.kubestub.kinds import KINDS, ResourceKind
 from tests.kubestub.podfs import FileSystem
 from tests.kubestub.resources import handle_resource, parse_api_path
@@ -161,6 +162,7 @@ class KubeStub:
 
     async def stop(self) -> None:
         """Stop serving: watches, log follows and sockets end, then the listener closes."""
+        await self.state.jobs.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -228,6 +230,11 @@ class KubeStub:
     def store(self) -> Store:
         """Every object, with resourceVersions and watches."""
         return self.state.store
+
+    @property
+    def jobs(self) -> JobPods:
+        """Job pods as local processes: ``stub.jobs.enabled = True``; ``stub.jobs.specs``."""
+        return self.state.jobs
 
     @property
     def policy(self) -> Policy:

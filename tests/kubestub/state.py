@@ -16,6 +16,7 @@ from aiohttp import web
 from tests.kubestub.admission import prepare_create
 from tests.kubestub.auth import Authenticator, Policy, RequestLog
 from tests.kubestub.controllers import WorkloadController
+from tests.kubestub.jobrunner import JobPods
 from tests.kubestub.kinds import require_kind
 from tests.kubestub.logs import LogBook
 from tests.kubestub.podfs import PodFiles
@@ -69,6 +70,8 @@ class ClusterState:
         """Open exec and port-forward sockets, closed when the server stops."""
         self.store.listeners.append(self._on_event)
         self.controller = WorkloadController(self.store)
+        #: Job pods run as local processes, when switched on (``jobs.enabled``).
+        self.jobs = JobPods(self.store, self.logs)
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             namespace = prepare_create(NAMESPACES, {"metadata": {"name": name}}, "")
             self.store.create(NAMESPACES, namespace)

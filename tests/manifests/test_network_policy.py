@@ -35,10 +35,21 @@ def test_the_policy_selects_the_agent_pod(variant: str) -> None:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_all_ingress_is_denied(variant: str) -> None:
+def test_all_ingress_is_denied_but_runs_to_the_commands_gateway(variant: str) -> None:
     spec = _policy(variant)["spec"]
     assert "Ingress" in spec["policyTypes"]
-    assert spec.get("ingress", []) == []
+    assert spec.get("ingress", []) == [
+        {
+            "from": [
+                {
+                    "podSelector": {
+                        "matchExpressions": [{"key": "tunnel.k8s.io/run", "operator": "Exists"}]
+                    }
+                }
+            ],
+            "ports": [{"protocol": "TCP", "port": 8444}],
+        }
+    ]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from .rbac import Grant, allows, grants
 from .support import (
+    PACKAGE_MANIFESTS,
     USER_MANIFESTS,
     VARIANTS,
     AgentValues,
@@ -25,6 +29,15 @@ RUNS_SOMETHING = ("pods/exec", "pods/attach", "pods/portforward", "services/prox
 
 def _objects(variant: str) -> list[Object]:
     return render(variant, VALUES.for_variant(variant))
+
+
+def kustomize_objects(path: Path) -> list[Object]:
+    """The objects of one manifest file, bound to the agent in the values' namespace."""
+    objects = [obj for obj in yaml.safe_load_all(path.read_text()) if obj is not None]
+    for obj in objects:
+        for subject in obj.get("subjects") or []:
+            subject["namespace"] = AGENT_NS
+    return objects
 
 
 def _agent(variant: str) -> list[Grant]:
@@ -134,8 +147,34 @@ def test_the_read_only_variant_tells_the_agent_to_refuse_writes() -> None:
     assert {"name": "TUNNEL_AGENT_READ_ONLY", "value": "true"} in agent["env"]
 
 
-def test_the_full_variant_may_apply_manifests_cluster_wide() -> None:
+def test_the_full_variant_changes_nothing_outside_its_namespace() -> None:
+    """Commands act as their submitters: the agent itself needs no rights to change objects."""
     granted = _agent("full")
+    for group, resource in [
+        ("", "configmaps"),
+        ("", "secrets"),
+        ("apps", "deployments"),
+        ("rbac.authorization.k8s.io", "clusterrolebindings"),
+        ("coordination.k8s.io", "leases"),
+    ]:
+        for verb in ("get", "create", "patch", "delete"):
+            assert not allows(granted, verb, resource, group=group, namespace="default"), resource
+    assert not allows(granted, "escalate", "clusterroles", group="rbac.authorization.k8s.io")
+    # Its workspace: apply-set records, OpenTofu state and its lock.
+    assert allows(granted, "patch", "configmaps", namespace=AGENT_NS, name="tunnel-applyset-web")
+    assert allows(granted, "get", "secrets", namespace=AGENT_NS, name="tfstate-default-web")
+    assert allows(granted, "update", "leases", group="coordination.k8s.io", namespace=AGENT_NS)
+
+
+def _as_agent() -> list[Grant]:
+    """The full variant with the commands-as-agent component, built by the real kustomize."""
+    component = PACKAGE_MANIFESTS / "agent" / "components" / "commands-as-agent"
+    extra = kustomize_objects(component / "commands-rbac.yaml")
+    return grants([*_objects("full"), *extra], AGENT_NS, "tunnel-agent")
+
+
+def test_the_commands_as_agent_component_may_apply_manifests_cluster_wide() -> None:
+    granted = _as_agent()
     for group, resource in [
         ("", "configmaps"),
         ("", "secrets"),
@@ -154,8 +193,9 @@ def test_the_full_variant_may_apply_manifests_cluster_wide() -> None:
     assert not allows(granted, "create", "pods/exec", namespace="default", name="web")
 
 
-def test_the_full_variant_aggregates_labelled_cluster_roles() -> None:
-    objects = _objects("full")
+def test_the_commands_as_agent_component_aggregates_labelled_cluster_roles() -> None:
+    component = PACKAGE_MANIFESTS / "agent" / "components" / "commands-as-agent"
+    objects = [*_objects("full"), *kustomize_objects(component / "commands-rbac.yaml")]
     commands = find(objects, "ClusterRole", "tunnel-agent-commands")
     selector = commands["aggregationRule"]["clusterRoleSelectors"][0]["matchLabels"]
     builtin = find(objects, "ClusterRole", "tunnel-agent-commands-builtin")
@@ -205,3 +245,14 @@ def test_every_binding_names_the_agent_service_account(variant: str) -> None:
             assert obj["subjects"] == [
                 {"kind": "ServiceAccount", "name": "tunnel-agent", "namespace": AGENT_NS}
             ]
+
+
+@pytest.mark.parametrize("variant", ["full", "namespaced"])
+def test_the_agent_may_run_jobs_in_its_namespace_only(variant: str) -> None:
+    granted = _agent(variant)
+    for verb in ("create", "get", "watch", "delete"):
+        assert allows(granted, verb, "jobs", group="batch", namespace=AGENT_NS)
+        assert not allows(granted, verb, "jobs", group="batch", namespace="default")
+    assert allows(granted, "get", "pods/log", namespace=AGENT_NS, name="tunnel-run-x")
+    assert allows(granted, "delete", "secrets", namespace=AGENT_NS, name="tunnel-run-x")
+    assert not allows(granted, "create", "pods/exec", namespace=AGENT_NS, name="tunnel-run-x")

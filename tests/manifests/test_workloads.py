@@ -86,7 +86,10 @@ def test_the_agent_probes_its_health_port(variant: str) -> None:
     [agent] = containers(deployment)
     env = {variable["name"]: variable.get("value") for variable in agent["env"]}
     assert env["TUNNEL_AGENT_HEALTH_LISTEN"] == "0.0.0.0:8081"
-    assert agent["ports"] == [{"name": "health", "containerPort": 8081, "protocol": "TCP"}]
+    assert agent["ports"] == [
+        {"name": "health", "containerPort": 8081, "protocol": "TCP"},
+        {"name": "gateway", "containerPort": 8444, "protocol": "TCP"},
+    ]
     assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert agent["args"] == ["run"]
@@ -175,3 +178,12 @@ def test_the_server_image_tag_is_set_by_the_user_kustomization() -> None:
     deployment = find(built(USER_MANIFESTS / "server"), "Deployment", "tunnel-server")
     [server] = containers(deployment)
     assert server["image"] == "ghcr.io/example/tunnel-server:0.1.0"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_runs_jobs_are_of_the_agents_own_image_and_reach_its_gateway(variant: str) -> None:
+    deployment = find(_agent_objects(variant), "Deployment", "tunnel-agent")
+    [agent] = containers(deployment)
+    env = {variable["name"]: variable for variable in agent["env"]}
+    assert env["TUNNEL_AGENT_RUN_IMAGE"]["value"] == agent["image"]
+    assert env["TUNNEL_AGENT_GATEWAY_LISTEN"]["value"] == "0.0.0.0:8444"

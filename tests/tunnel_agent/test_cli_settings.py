@@ -161,6 +161,33 @@ AGENT_FLAGS = [
         8,
     ),
     FlagCase(
+        "--run-image",
+        "TUNNEL_AGENT_RUN_IMAGE",
+        "registry.example.com/tunnel-agent:1",
+        "registry.example.com/tunnel-agent:2",
+        lambda a, s: s.run_image,
+        "registry.example.com/tunnel-agent:1",
+        "registry.example.com/tunnel-agent:2",
+    ),
+    FlagCase(
+        "--gateway-listen",
+        "TUNNEL_AGENT_GATEWAY_LISTEN",
+        "0.0.0.0:8444",
+        "127.0.0.1:9444",
+        lambda a, s: s.gateway_listen,
+        ("0.0.0.0", 8444),
+        ("127.0.0.1", 9444),
+    ),
+    FlagCase(
+        "--gateway-host",
+        "TUNNEL_AGENT_GATEWAY_HOST",
+        "10.1.2.3",
+        "10.1.2.4",
+        lambda a, s: s.gateway_host,
+        "10.1.2.3",
+        "10.1.2.4",
+    ),
+    FlagCase(
         "--health-listen",
         "TUNNEL_AGENT_HEALTH_LISTEN",
         "0.0.0.0:9000",
@@ -405,3 +432,12 @@ def test_in_a_cluster_credentials_default_to_a_secret_in_the_pod_namespace(
     settings = agent_cli.settings_from_args(agent_args(without(AGENT_BASE, "--credentials-dir")))
     assert settings.credentials_secret == ("tunnel-agent", "tunnel-agent-credentials")
     assert settings.credentials_dir is None
+
+
+def test_a_gateway_on_every_address_tells_runs_this_hosts_own() -> None:
+    """In a pod, the host name resolves to the pod's address, which runs' Job pods reach."""
+    assert agent_cli._own_address("127.0.0.1") is None
+    assert agent_cli._own_address("gateway.example") is None
+    own = agent_cli._own_address("0.0.0.0")
+    assert own is not None
+    assert own != "0.0.0.0"

@@ -17,7 +17,8 @@ from aiohttp import web
 from tests.fakebin.support import Harness, harness
 from tests.support import until
 from tunnel_agent.executors import gateway
-from tunnel_agent.executors.gateway import MAX_REQUEST_BODY, CommandsGateway, refusal
+from tunnel_agent.executors.gateway import MAX_REQUEST_BODY, CommandsGateway, TofuState, refusal
+from tunnel_agent.identity import RunIdentity
 from tunnel_agent.kubeapi import KubeApi
 
 OWN = "tunnel-agent"
@@ -290,3 +291,92 @@ async def test_an_answer_that_breaks_off_reaches_helm_broken_not_complete(tmp_pa
         await gateway_.close()
         await kube.close()
         await upstream.cleanup()
+
+
+ALICE = RunIdentity("tunnel:alice", ("tunnel:dev", "tunnel:ops"))
+
+
+async def test_a_credential_acts_as_its_runs_identity_and_no_other(
+    h: Harness, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    h.stub.deny("tunnel:alice", "get", "secrets", namespace="web")
+    async with h.gateway.kubeconfig(
+        tmp_path, own_namespace=OWN, label="test", identity=ALICE
+    ) as kubeconfig:
+        helm = Helm(kubeconfig, http)
+        assert (await helm.call("GET", "/api/v1/namespaces/web/configmaps"))[0] == 200
+        status, refused = await helm.call("GET", "/api/v1/namespaces/web/secrets/db")
+        assert status == 403
+        assert 'User "tunnel:alice" cannot get resource "secrets"' in refused["message"]
+        for header in ("Impersonate-User", "Impersonate-Group", "Impersonate_User"):
+            status, refused = await helm.call(
+                "GET", "/api/v1/namespaces/web/configmaps", headers={header: "tunnel:bob"}
+            )
+            assert status == 403, header
+            assert "may not impersonate anyone" in refused["message"]
+    seen = [entry for entry in h.stub.requests if entry.path.startswith("/api/v1/namespaces/web")]
+    assert len(seen) == 2
+    for entry in seen:
+        assert entry.header_values("Impersonate-User") == ["tunnel:alice"]
+        assert entry.header_values("Impersonate-Group") == ["tunnel:dev", "tunnel:ops"]
+        assert entry.header("Authorization") == f"Bearer {h.stub.token}"
+
+
+async def test_a_credential_stops_working_at_its_expiry(
+    h: Harness, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    expires = asyncio.get_running_loop().time() + 3600
+    async with h.gateway.kubeconfig(
+        tmp_path, own_namespace=OWN, label="test", identity=ALICE, expires=expires
+    ) as kubeconfig:
+        helm = Helm(kubeconfig, http)
+        assert (await helm.call("GET", "/api/v1/namespaces/web/configmaps"))[0] == 200
+    async with h.gateway.kubeconfig(
+        tmp_path, own_namespace=OWN, label="test", identity=ALICE, expires=0.0
+    ) as kubeconfig:
+        helm = Helm(kubeconfig, http)
+        status, answer = await helm.call("GET", "/api/v1/namespaces/web/configmaps")
+        assert status == 401
+        assert answer["reason"] == "Unauthorized"
+
+
+async def test_a_runs_tofu_state_in_the_agents_namespace_is_all_it_reaches_there(
+    h: Harness, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    state = TofuState(OWN, "web")
+    async with h.gateway.kubeconfig(
+        tmp_path, own_namespace=OWN, label="test", identity=ALICE, tofu_state=state
+    ) as kubeconfig:
+        helm = Helm(kubeconfig, http)
+        secrets = f"/api/v1/namespaces/{OWN}/secrets"
+        body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tfstate-default-web"}}
+        status, created = await helm.call("POST", secrets, json=body)
+        assert status == 201, created
+        assert (await helm.call("GET", f"{secrets}/tfstate-default-web"))[0] == 200
+        selector = "labelSelector=tfstate%3Dtrue%2CtfstateSecretSuffix%3Dweb"
+        assert (await helm.call("GET", f"{secrets}?{selector}"))[0] == 200
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"}
+        status, _ = await helm.call(
+            "POST",
+            f"/apis/coordination.k8s.io/v1/namespaces/{OWN}/leases",
+            json=lease | {"metadata": {"name": "lock-tfstate-default-web"}},
+        )
+        assert status == 201
+        for method, path, sent in [
+            ("GET", f"{secrets}/agent-credentials", None),
+            ("GET", f"{secrets}/tfstate-default-other", None),
+            ("GET", secrets, None),
+            ("GET", f"{secrets}?labelSelector=tfstate%3Dtrue", None),
+            ("POST", secrets, body | {"metadata": {"name": "agent-token"}}),
+            ("POST", secrets, body | {"type": "kubernetes.io/service-account-token"}),
+            ("GET", f"/api/v1/namespaces/{OWN}/configmaps", None),
+        ]:
+            status, answer = await helm.call(method, path, json=sent)
+            assert status == 403, (method, path, sent)
+            assert f"namespace {OWN} is the agent's own" in answer["message"]
+    # The state is the agent's record: kept as the agent, not as alice.
+    kept = [entry for entry in h.stub.requests if OWN in entry.path]
+    assert len(kept) == 4
+    assert all(entry.header("Impersonate-User") is None for entry in kept)
+    secret = h.stub.get("v1", "Secret", "tfstate-default-web", OWN)
+    assert secret is not None

@@ -58,6 +58,10 @@ def make_repository(
     return f"file://{path}"
 
 
+def _exists(path: str) -> bool:
+    return Path(path).exists()
+
+
 def _tofu(url: str, **spec: Any) -> dict[str, Any]:
     return {"git": {"url": url, "ref": "main", "path": "infra"}} | spec
 
@@ -83,34 +87,43 @@ async def test_init_apply_and_output_run_in_the_configuration_directory(
     assert calls[0]["env"]["TF_IN_AUTOMATION"] == "1"
 
 
-async def test_the_kubernetes_backend_is_selected_with_the_agents_kubeconfig(
+async def test_the_kubernetes_backend_is_selected_with_the_runs_own_kubeconfig(
     h: Harness, tmp_path: Path, repository: str
 ) -> None:
     record = tmp_path / "record.jsonl"
     spec = _tofu(repository, backend={"namespace": "infra", "secretSuffix": "web"})
-    await execute(command("tofu", spec), h.context(fake_environment(record)))
-    assert records(record)[0]["backend_override"] == (
+    context = h.context(fake_environment(record))
+    await execute(command("tofu", spec), context)
+    call = records(record)[0]
+    kubeconfig = call["env"]["KUBECONFIG"]
+    # The gateway's, for this run only (gone with it); never the agent's.
+    assert Path(kubeconfig).parent == context.workdir
+    assert kubeconfig != str(h.kubeconfig)
+    assert not _exists(kubeconfig)
+    assert call["backend_override"] == (
         "terraform {\n"
         '  backend "kubernetes" {\n'
         '    secret_suffix = "web"\n'
         '    namespace = "infra"\n'
-        f'    config_path = "{h.kubeconfig}"\n'
+        f'    config_path = "{kubeconfig}"\n'
         "  }\n"
         "}\n"
     )
 
 
-async def test_in_a_cluster_the_backend_uses_the_in_cluster_config_and_the_agents_namespace(
+async def test_in_a_cluster_the_backend_keeps_state_in_the_agents_namespace_through_the_gateway(
     h: Harness, tmp_path: Path, repository: str
 ) -> None:
     record = tmp_path / "record.jsonl"
     context = h.context(fake_environment(record), kubeconfig=None, namespace="tunnel-system")
     await execute(command("tofu", _tofu(repository)), context)
-    override = records(record)[0]["backend_override"]
+    call = records(record)[0]
+    override = call["backend_override"]
     assert 'secret_suffix = "web-app"' in override
     assert 'namespace = "tunnel-system"' in override
-    assert "in_cluster_config = true" in override
-    assert "config_path" not in override
+    assert "in_cluster_config" not in override
+    assert f'config_path = "{call["env"]["KUBECONFIG"]}"' in override
+    assert "KUBERNETES_SERVICE_HOST" not in call["env_names"]
 
 
 async def test_variables_pass_as_tf_var_and_secrets_never_on_the_command_line(

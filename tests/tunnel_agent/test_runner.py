@@ -6,8 +6,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from protocol.records import MAX_RECORD, encode_record
 from tunnel_agent.credentials import DirectoryCredentialStore
+from tunnel_agent.identity import RunIdentity
 from tunnel_agent.journal import Journal
 from tunnel_agent.runner import CommandRunner, Job, JobContext, log_batches
 from tunnel_mux import SessionClosedError
@@ -84,3 +87,53 @@ async def test_an_attempt_found_stale_while_queued_never_runs(tmp_path: Path) ->
         worker.cancel()
         await asyncio.gather(worker, return_exceptions=True)
     assert ran == ["after"]
+
+
+def _runner(tmp_path: Path) -> CommandRunner:
+    return CommandRunner(never_runs, lambda spec: None, Journal(DirectoryCredentialStore(tmp_path)))
+
+
+def _offer(**extra: Any) -> dict[str, Any]:
+    return {"spec": {"name": "q"}, "timeout_seconds": 60} | extra
+
+
+def test_an_offer_that_names_no_identity_is_refused(tmp_path: Path) -> None:
+    answer = _runner(tmp_path)._accept({"id": "c1", "attempt": 1}, _offer())
+    assert answer == {
+        "accepted": False,
+        "reason": "the offer names no identity to act as (is the server older?)",
+    }
+
+
+@pytest.mark.parametrize(
+    "identity",
+    [
+        {"user": "alice"},
+        {"user": "tunnel:system:admin"},
+        {"user": "tunnel:alice", "groups": ["system:masters"]},
+        {"user": "tunnel:alice", "groups": "tunnel:ops"},
+        {"agent": True, "user": "tunnel:alice"},
+        {"agent": "yes"},
+        {"user": "tunnel:alice\n"},
+    ],
+)
+def test_an_identity_outside_tunnel_or_malformed_is_refused(
+    tmp_path: Path, identity: dict[str, Any]
+) -> None:
+    answer = _runner(tmp_path)._accept({"id": "c1", "attempt": 1}, _offer(identity=identity))
+    assert answer["accepted"] is False
+    assert "identity" in answer["reason"]
+
+
+def test_the_offers_identity_is_the_jobs(tmp_path: Path) -> None:
+    runner = _runner(tmp_path)
+    identity = {"user": "tunnel:alice", "groups": ["tunnel:ops"]}
+    spec = {"name": "q", "identity": {"agent": True}}  # a spec has no say in it
+    answer = runner._accept(
+        {"id": "c1", "attempt": 1}, {"spec": spec, "timeout_seconds": 60, "identity": identity}
+    )
+    assert answer == {"accepted": True}
+    assert runner.jobs[("c1", 1)].identity == RunIdentity("tunnel:alice", ("tunnel:ops",))
+    answer = runner._accept({"id": "c2", "attempt": 1}, _offer(identity={"agent": True}))
+    assert answer == {"accepted": True}
+    assert runner.jobs[("c2", 1)].identity.as_agent

@@ -43,8 +43,16 @@ class ApplySetRecord:
 class ApplySet:
     """The apply set ``name``, recorded in ``record_namespace``."""
 
-    def __init__(self, client: KubeClient, record_namespace: str, name: str) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        record_namespace: str,
+        name: str,
+        records: KubeClient | None = None,
+    ) -> None:
         self.client = client
+        #: How the record is read and written (the agent's own identity).
+        self.records = records or client
         self.record_namespace = record_namespace
         self.name = name
         self.record_name = RECORD_PREFIX + name
@@ -59,7 +67,7 @@ class ApplySet:
     async def load(self) -> ApplySetRecord:
         """The record, or an empty one for a new apply set."""
         try:
-            record = await self.client.get(CONFIGMAPS, self.record_namespace, self.record_name)
+            record = await self.records.get(CONFIGMAPS, self.record_namespace, self.record_name)
         except KubeRequestError as exc:
             if exc.status == 404:
                 return ApplySetRecord()
@@ -91,7 +99,7 @@ class ApplySet:
             },
         }
         try:
-            await self.client.apply(CONFIGMAPS, self.record_namespace, body)
+            await self.records.apply(CONFIGMAPS, self.record_namespace, body)
         except KubeRequestError as exc:
             raise ExecutorError(
                 f"cannot record the apply set in {self.record_namespace}/{self.record_name}: "

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..identity import AGENT, RunIdentity
 from ..kubeapi import KubeApi
 from .errors import own_namespace_error
 from .gateway import CommandsGateway
+from .jobspec import JobSettings
 from .masking import Masker
 
 __all__ = [
@@ -30,7 +32,9 @@ MAX_LINE = 4096
 MAX_SUMMARY_BYTES = 1 << 20
 
 #: The agent's environment variables that helm, tofu and git see. Nothing
-#: else passes: the agent's own settings (a bootstrap token ...) stay out.
+#: else passes: the agent's own settings (a bootstrap token ...) stay out, and
+#: so do KUBERNETES_SERVICE_HOST/PORT, which would lead client-go to the pod's
+#: ServiceAccount token: a run reaches the API server through the gateway only.
 PASSED_ENVIRONMENT = frozenset(
     {
         "PATH",
@@ -48,8 +52,6 @@ PASSED_ENVIRONMENT = frozenset(
         "http_proxy",
         "https_proxy",
         "no_proxy",
-        "KUBERNETES_SERVICE_HOST",
-        "KUBERNETES_SERVICE_PORT",
         "SSH_AUTH_SOCK",
         "GIT_SSH_COMMAND",
     }
@@ -89,8 +91,15 @@ class ExecutionContext:
     #: Whether git sources may be ``file://`` paths in the agent's pod
     #: (``--allow-file-git-sources``; :func:`.git.file_source_refusal`).
     allow_file_git_sources: bool = False
-    #: Where helm reaches the API server, under the commands' rule (None: helm cannot run).
+    #: Where helm and tofu reach the API server, with a credential of this run
+    #: (None: they cannot run).
     gateway: CommandsGateway | None = None
+    #: Whom every API call of the run acts as (from the server's offer).
+    identity: RunIdentity = AGENT
+    #: The loop's clock when the run's time is up: its credentials stop working then.
+    deadline: float | None = None
+    #: In a cluster: helm and tofu steps run as Jobs, never in the agent's pod (None: here).
+    jobs: JobSettings | None = None
     #: Seconds between SIGTERM and SIGKILL when a process is stopped.
     kill_grace: float = 5.0
     #: Seconds between readiness checks while waiting for objects.

@@ -34,13 +34,15 @@ async def execute(command: Command, context: ExecutionContext) -> ExecutionResul
     Only cancellation propagates (after every process started is stopped).
     Outputs produced before a failure or timeout are still written.
     """
-    client = KubeClient(context.kube)
-    secrets = SecretResolver(context.kube, context.masker, context.check_not_own)
+    client = KubeClient(context.kube, context.identity)
+    secrets = SecretResolver(client, context.masker, context.check_not_own)
     step = Step(context, client, ValueResolver(secrets, context.masker), "spec", context.workdir)
     context.emit(f"{command.type} command {command.name}: attempt {context.attempt} started")
     report: StepReport | None = None
     error: str | None = None
     timer = asyncio.timeout(command.timeout)
+    if context.deadline is None:
+        context.deadline = asyncio.get_running_loop().time() + command.timeout
     try:
         async with timer:
             refusal = None if context.allow_file_git_sources else file_source_refusal(command)

@@ -9,12 +9,14 @@ The values, references resolved, go to a mode-0600 file in the run's
 directory, removed as soon as helm ends; nothing secret is on the command
 line. Helm's caches and configuration live in the run's directory too.
 Helm never holds the agent's credentials: ``KUBECONFIG`` points it at the
-commands' gateway (``gateway``), with a token good while it runs, and the
-in-cluster variables that would lead it to the ServiceAccount are withheld.
+commands' gateway (``gateway``), with a token good while it runs and only as
+the command's identity (its submitter), and the in-cluster variables that
+would lead it to the ServiceAccount are withheld.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import secrets
@@ -26,6 +28,7 @@ from tunnel_pki.files import create_private_file
 
 from .errors import ExecutorError, ProcessError
 from .git import fetch_source
+from .jobs import run_in_job
 from .process import find_binary, run_process
 from .steps import Step, StepReport
 
@@ -59,9 +62,13 @@ def helm_command(helm: str, spec: HelmSpec, chart: str, values_file: str) -> lis
 
 async def run_helm(spec: HelmSpec, step: Step) -> StepReport:
     context = step.context
+    values = await step.values.resolve(spec.values, step.path_of("values"))
+    if context.jobs is not None:
+        # The chart and helm's plugins and post-renderers run in a Job, away from
+        # the agent's credentials; the values travel resolved (as the submitter).
+        return await run_in_job(context.jobs, dataclasses.replace(spec, values=values), step)
     helm = find_binary(["helm"], context.environment)
     chart = await _chart(spec, step)
-    values = await step.values.resolve(spec.values, step.path_of("values"))
     home = step.workdir / "helm"
     home.mkdir(parents=True, exist_ok=True)
     if context.gateway is None:
@@ -90,7 +97,11 @@ async def run_helm(spec: HelmSpec, step: Step) -> StepReport:
     create_private_file(values_file, json.dumps(values, indent=2).encode())
     try:
         async with context.gateway.kubeconfig(
-            step.workdir, own_namespace=context.own_namespace, label=f"command {context.command_id}"
+            step.workdir,
+            own_namespace=context.own_namespace,
+            label=f"command {context.command_id}",
+            identity=context.identity,
+            expires=context.deadline,
         ) as kubeconfig:
             result = await run_process(
                 helm_command(helm, spec, chart, str(values_file)),

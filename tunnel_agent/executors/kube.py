@@ -1,9 +1,13 @@
-"""Kubernetes API calls on objects of any kind, over the agent's own credentials.
+"""Kubernetes API calls on objects of any kind, as the identity a command acts as.
 
 The executors apply, read, list and delete objects whose kinds are known only
 at run time (custom resources included), so they speak the REST API
 directly through :class:`~tunnel_agent.kubeapi.KubeApi`'s session, and find
-each kind's resource (plural name, scope) through discovery. Failures become
+each kind's resource (plural name, scope) through discovery. Each request
+carries the agent's credentials and, unless the command acts as the agent,
+``Impersonate-User``/``-Group`` of its submitter
+(:class:`~tunnel_agent.identity.RunIdentity`), so the cluster's RBAC judges it
+as it would judge the submitter's kubectl. Failures become
 :class:`KubeRequestError` carrying the API server's status and message.
 """
 
@@ -16,6 +20,7 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
+from ..identity import AGENT, RunIdentity
 from ..kubeapi import KubeApi
 from .errors import KubeRequestError
 
@@ -56,11 +61,18 @@ class ApiResource:
 
 
 class KubeClient:
-    """REST calls with discovery; one per run (discovery is cached for the run)."""
+    """REST calls with discovery, as ``identity``; one per run (discovery is cached for it)."""
 
-    def __init__(self, kube: KubeApi) -> None:
+    def __init__(self, kube: KubeApi, identity: RunIdentity = AGENT) -> None:
         self.kube = kube
+        self.identity = identity
         self._discovered: dict[str, dict[str, ApiResource]] = {}
+
+    def as_agent(self) -> KubeClient:
+        """The same API as the agent itself, for the agent's own records (apply sets)."""
+        if self.identity.as_agent:
+            return self
+        return KubeClient(self.kube)
 
     async def resource(self, api_version: str, kind: str) -> ApiResource | None:
         """The resource of ``kind`` in ``api_version``, or None if the cluster serves none."""
@@ -171,20 +183,26 @@ class KubeClient:
         authorization = await self.kube.authorization()
         if authorization:
             headers["Authorization"] = authorization
+        impersonation = self.identity.headers()
         payload = None
         if body is not None:
             headers["Content-Type"] = content_type
             payload = json.dumps(body).encode()
         try:
             async with self.kube.session.request(
-                method, self.kube.url(target), headers=headers, data=payload, allow_redirects=False
+                method,
+                self.kube.url(target),
+                # Pairs: one Impersonate-Group header per group.
+                headers=[*headers.items(), *impersonation],
+                data=payload,
+                allow_redirects=False,
             ) as response:
                 data = await _read(response.content, max_bytes)
                 status = response.status
         except (aiohttp.ClientError, OSError) as exc:
             raise KubeRequestError(f"cannot reach the Kubernetes API: {exc}") from exc
         if status >= 300:
-            raise _status_error(method, path, status, data)
+            raise _status_error(method, path, status, data, self.identity)
         return data
 
 
@@ -198,7 +216,9 @@ async def _read(content: aiohttp.StreamReader, limit: int) -> bytes:
     return bytes(data)
 
 
-def _status_error(method: str, path: str, status: int, data: bytes) -> KubeRequestError:
+def _status_error(
+    method: str, path: str, status: int, data: bytes, identity: RunIdentity
+) -> KubeRequestError:
     message, reason = "", ""
     try:
         document = json.loads(data)
@@ -211,6 +231,9 @@ def _status_error(method: str, path: str, status: int, data: bytes) -> KubeReque
     # secret, and a secret cut in two is no longer masked. The message is
     # masked first and cut after (dispatch.py), bounded by the answer's size.
     detail = f"HTTP {status}: {message or reason or 'no message'}"
+    if status == 403:
+        # The API server names the user; the groups and the way there are ours to say.
+        detail += f" (the command acts as {identity.describe()})"
     return KubeRequestError(
         f"{method} {path}: {detail}", status=status, reason=reason, detail=detail
     )

@@ -113,7 +113,9 @@ class _Planned:
 
 
 async def run_manifests(spec: ManifestsSpec, step: Step) -> StepReport:
-    applyset = ApplySet(step.client, step.context.namespace, spec.apply_set)
+    # The record is the agent's own bookkeeping, in its namespace: written as the
+    # agent. What the set holds is applied, listed and pruned as the submitter.
+    applyset = ApplySet(step.client, step.context.namespace, spec.apply_set, step.client.as_agent())
     planned = []
     for index, obj in enumerate(spec.objects):
         path = step.path_of("objects", index)

@@ -25,6 +25,11 @@ class Masker:
         self._values: set[str] = set()
         self._pattern: re.Pattern[str] | None = None
 
+    @property
+    def values(self) -> frozenset[str]:
+        """Every form of every value registered (to mask the same elsewhere)."""
+        return frozenset(self._values)
+
     def __len__(self) -> int:
         return len(self._values)
 

@@ -15,13 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from tunnel_commands import OutputRef, SecretRef, Value
 from tunnel_commands.errors import join_path
 
-from ..kubeapi import KubeApi
-from .errors import ExecutorError
+from .errors import ExecutorError, KubeRequestError
+from .kube import ApiResource, KubeClient
 from .masking import Masker
 
 __all__ = ["OutputValue", "SecretResolver", "ValueResolver"]
@@ -39,12 +37,20 @@ class OutputValue:
         return self.value if isinstance(self.value, str) else json.dumps(self.value)
 
 
+_SECRETS = ApiResource("", "v1", "Secret", "secrets", namespaced=True)
+
+
 class SecretResolver:
-    """Reads keys of Secrets through kubernetes_asyncio, caching each Secret for the run."""
+    """Reads keys of Secrets as the command's identity, caching each Secret for the run.
+
+    A submitter who may not read a Secret cannot reference it: the read goes
+    to the API server as they (``client``'s identity), and its refusal fails
+    the command before anything is written.
+    """
 
     def __init__(
         self,
-        kube: KubeApi,
+        kube: KubeClient,
         masker: Masker,
         check_not_own: Callable[[str | None, str], None] = lambda namespace, path: None,
     ) -> None:
@@ -73,23 +79,26 @@ class SecretResolver:
         return value
 
     async def _read(self, ref: SecretRef, path: str) -> dict[str, str]:
-        from kubernetes_asyncio import client
-
-        api = client.CoreV1Api(self._kube.api_client())
         where = f"secret {ref.namespace}/{ref.name}"
+        identity = self._kube.identity
         try:
-            secret = await api.read_namespaced_secret(ref.name, ref.namespace)
-        except client.exceptions.ApiException as exc:
+            secret = await self._kube.get(_SECRETS, ref.namespace, ref.name)
+        except KubeRequestError as exc:
             if exc.status == 404:
                 raise ExecutorError(f"{path}: {where} not found") from exc
             if exc.status == 403:
-                raise ExecutorError(
-                    f"{path}: the agent may not read {where} (HTTP 403); grant it get on secrets"
-                ) from exc
+                why = (
+                    f"the agent may not read {where} (HTTP 403); grant it get on secrets"
+                    if identity.as_agent
+                    else f"{identity.describe()} may not get {where} (HTTP 403): the command "
+                    "acts as its submitter, and the cluster's RBAC refused get on secrets there"
+                )
+                raise ExecutorError(f"{path}: {why}") from exc
+            if exc.status == 0:
+                raise ExecutorError(f"{path}: {exc}") from exc
             raise ExecutorError(f"{path}: cannot read {where}: HTTP {exc.status}") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise ExecutorError(f"{path}: cannot reach the Kubernetes API: {exc}") from exc
-        return dict(secret.data or {})
+        data = secret.get("data") if isinstance(secret, dict) else None
+        return {str(k): str(v) for k, v in (data or {}).items()}
 
 
 class ValueResolver:

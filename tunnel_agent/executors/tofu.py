@@ -3,9 +3,16 @@
 The binary is ``tofu`` on the PATH, else ``terraform``. The backend is chosen
 by an override file (``_tunnel_backend_override.tf``), which replaces any
 backend the configuration declares: ``kubernetes`` (state in a Secret of the
-backend namespace; in-cluster credentials, or ``config_path`` = the agent's
-kubeconfig outside a cluster) or, when the spec asks for ``local``, a state
-file in the run's directory that is discarded with it.
+backend namespace) or, when the spec asks for ``local``, a state file in the
+run's directory that is discarded with it.
+
+A module is code (``local-exec``, ``external``, providers), so tofu never
+holds the agent's credentials: the backend's ``config_path``, ``KUBECONFIG``
+and ``KUBE_CONFIG_PATH`` name a kubeconfig of the commands' gateway whose
+token acts as the command's submitter, for this step only
+(:mod:`.gateway`); the in-cluster variables are withheld. State kept in the
+agent's own namespace (the default) is the one thing relayed as the agent
+(:class:`~.gateway.TofuState`).
 
 Variables go in the environment as ``TF_VAR_<name>`` (strings as they are,
 anything else as JSON), never on the command line. ``output -json`` is read
@@ -14,6 +21,8 @@ without being logged; sensitive outputs are masked from then on.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -22,13 +31,25 @@ from typing import Any
 from tunnel_commands import KubernetesBackend, TofuSpec
 from tunnel_pki.files import create_private_file
 
+from ..identity import RunIdentity
 from .errors import ExecutorError, ProcessError
+from .gateway import TofuState
 from .git import fetch_source
+from .jobs import run_in_job
 from .process import ProcessResult, find_binary, run_process
 from .secrets import OutputValue
 from .steps import Step, StepReport
 
-__all__ = ["BACKEND_OVERRIDE", "backend_override", "run_tofu", "variable_environment"]
+__all__ = [
+    "BACKEND_OVERRIDE",
+    "IN_CLUSTER_VARIABLES",
+    "backend_override",
+    "run_tofu",
+    "variable_environment",
+]
+
+#: What would lead client-go (a provider, the backend) to the pod's ServiceAccount token.
+IN_CLUSTER_VARIABLES = frozenset({"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"})
 
 BACKEND_OVERRIDE = "_tunnel_backend_override.tf"
 _MAX_OUTPUT_JSON = 4 << 20
@@ -41,20 +62,15 @@ def _hcl_string(value: str) -> str:
     return json.dumps(value).replace("${", "$${").replace("%{", "%%{")
 
 
-def backend_override(
-    spec: TofuSpec, *, namespace: str, kubeconfig: Path | None, workdir: Path
-) -> str:
-    """The override file's text that selects the spec's backend."""
+def backend_override(spec: TofuSpec, *, namespace: str, kubeconfig: Path, workdir: Path) -> str:
+    """The override file's text that selects the spec's backend (``kubeconfig``: the run's)."""
     backend = spec.backend
     if isinstance(backend, KubernetesBackend):
         settings = {
             "secret_suffix": _hcl_string(backend.secret_suffix),
             "namespace": _hcl_string(backend.namespace or namespace),
+            "config_path": _hcl_string(str(kubeconfig)),
         }
-        if kubeconfig is None:
-            settings["in_cluster_config"] = "true"
-        else:
-            settings["config_path"] = _hcl_string(str(kubeconfig))
         kind = "kubernetes"
     else:
         settings = {"path": _hcl_string(str(workdir / "terraform.tfstate"))}
@@ -99,29 +115,85 @@ def variable_environment(variables: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def scoped_backend(spec: TofuSpec, namespace: str, identity: RunIdentity) -> TofuSpec:
+    """``spec`` with its state, when kept in the agent's namespace, named for its submitter.
+
+    The agent keeps that state as itself (tunnel_agent/executors/gateway.py, ``TofuState``),
+    so a submitter must not reach another's by naming the same suffix: the Secret of a
+    command acting as ``tunnel:alice`` is ``tfstate-default-u<hash of alice>-<suffix>``.
+    A command acting as the agent keeps the suffix as written (the state it always had).
+    """
+    backend = spec.backend
+    if (
+        not isinstance(backend, KubernetesBackend)
+        or (backend.namespace or namespace) != namespace
+        or identity.user is None
+    ):
+        return spec
+    owner = hashlib.sha256(identity.user.encode()).hexdigest()[:10]
+    # A label value (tfstateSecretSuffix) holds 63 characters at most.
+    suffix = f"u{owner}-{backend.secret_suffix}"[:63].rstrip("-.")
+    return dataclasses.replace(spec, backend=dataclasses.replace(backend, secret_suffix=suffix))
+
+
 async def run_tofu(spec: TofuSpec, step: Step) -> StepReport:
     context = step.context
-    binary = find_binary(["tofu", "terraform"], context.environment)
-    name = Path(binary).name
+    if context.gateway is None:
+        raise ExecutorError(f"{step.path}: tofu runs only through the agent's gateway")
+    spec = scoped_backend(spec, context.namespace, context.identity)
     variables = {
         key: await step.values.resolve(value, step.path_of("variables", key))
         for key, value in spec.variables.items()
     }
+    if context.jobs is not None:
+        # The module's code runs in a Job, away from the agent's credentials; the
+        # variables travel resolved (as the submitter).
+        return await run_in_job(context.jobs, dataclasses.replace(spec, variables=variables), step)
+    binary = find_binary(["tofu", "terraform"], context.environment)
     module = await fetch_source(spec.source, step.workdir / "source", step, step.path_of("git"))
-    _write_backend_override(
-        module,
-        backend_override(
-            spec, namespace=context.namespace, kubeconfig=context.kubeconfig, workdir=step.workdir
-        ),
-        step.path_of("git"),
-    )
-    environment = {
-        **context.environment,
-        **variable_environment(variables),
-        "TF_IN_AUTOMATION": "1",
-        "TF_INPUT": "0",
-        "CHECKPOINT_DISABLE": "1",
-    }
+    state = None
+    backend = spec.backend
+    if isinstance(backend, KubernetesBackend) and (backend.namespace or context.namespace) == (
+        context.namespace
+    ):
+        state = TofuState(context.namespace, backend.secret_suffix)
+    async with context.gateway.kubeconfig(
+        step.workdir,
+        own_namespace=context.own_namespace,
+        label=f"command {context.command_id}",
+        identity=context.identity,
+        expires=context.deadline,
+        tofu_state=state,
+    ) as kubeconfig:
+        _write_backend_override(
+            module,
+            backend_override(
+                spec, namespace=context.namespace, kubeconfig=kubeconfig, workdir=step.workdir
+            ),
+            step.path_of("git"),
+        )
+        environment = {
+            **{
+                key: value
+                for key, value in context.environment.items()
+                if key not in IN_CLUSTER_VARIABLES
+            },
+            **variable_environment(variables),
+            "TF_IN_AUTOMATION": "1",
+            "TF_INPUT": "0",
+            "CHECKPOINT_DISABLE": "1",
+            # The kubernetes provider's and client-go's ways to a kubeconfig: the run's.
+            "KUBECONFIG": str(kubeconfig),
+            "KUBE_CONFIG_PATH": str(kubeconfig),
+        }
+        return await _run(spec, step, binary, module, environment)
+
+
+async def _run(
+    spec: TofuSpec, step: Step, binary: str, module: Path, environment: dict[str, str]
+) -> StepReport:
+    context = step.context
+    name = Path(binary).name
     counts: dict[str, int] = {}
 
     def on_line(line: str) -> None:

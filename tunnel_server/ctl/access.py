@@ -55,7 +55,15 @@ def register(commands: Subparsers) -> None:
     grant.add_argument(
         "--as-group", action="append", default=[], help="Kubernetes group in the cluster"
     )
-    grant.add_argument("--commands", action="store_true", help="may dispatch commands")
+    grant.add_argument(
+        "--commands", action="store_true", help="may dispatch commands (they act as the user)"
+    )
+    grant.add_argument(
+        "--commands-as-agent",
+        action="store_true",
+        help="with --commands: the user's commands act with the agent's identity, not as "
+        "tunnel:USER (the old behaviour; recorded in the audit trail)",
+    )
     grant.add_argument(
         "--impersonate",
         action="append",
@@ -169,7 +177,8 @@ def grant_access(client: ApiClient, args: argparse.Namespace) -> int:
         f"/api/v1/grants/{segment(args.user)}/{segment(args.cluster)}",
         {
             "as_groups": args.as_group,
-            "commands": args.commands,
+            "commands": args.commands or args.commands_as_agent,
+            "commands_as_agent": args.commands_as_agent,
             "impersonate": bool(asked),
             "impersonate_targets": targets,
         },
@@ -208,7 +217,10 @@ def list_grants(client: ApiClient, args: argparse.Namespace) -> int:
         print_json(grants)
     else:
         print_table(
-            [{**grant, "impersonate": _whom(grant)} for grant in grants],
+            [
+                {**grant, "impersonate": _whom(grant), "commands": _commands(grant)}
+                for grant in grants
+            ],
             [
                 ("USER", "user"),
                 ("CLUSTER", "cluster"),
@@ -218,6 +230,13 @@ def list_grants(client: ApiClient, args: argparse.Namespace) -> int:
             ],
         )
     return 0
+
+
+def _commands(grant: dict[str, Any]) -> str:
+    """Whether, and as whom, a grant's user may send commands, as the grants table says it."""
+    if not grant.get("commands"):
+        return "no"
+    return "as-agent" if grant.get("commands_as_agent") else "as-user"
 
 
 def _whom(grant: dict[str, Any]) -> str:
