@@ -5,8 +5,9 @@ It starts a stand-in Kubernetes API server (the "private cluster"), a real
 loopback; registers the cluster and bootstraps the agent with its one-time
 token; creates a user with a grant and a kubeconfig; runs the real
 ``kubectl`` through the tunnel; dispatches a command over the same socket;
-and shows the audit trail and fleet status. Everything is cleaned up at the
-end, even on failure.
+and shows the audit trail and fleet status, and where the web console is and
+how to sign in. Everything is cleaned up at the end, even on failure (with
+``--keep``, only once Ctrl-C is pressed, so that the console can be looked at).
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ import shlex
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -219,8 +223,30 @@ def run(work: Path, kubectl: str, processes: list[Service]) -> int:
     section("8. The audit trail and the fleet")
     shell([str(BIN / "tunnelctl"), "audit", "--cluster", "demo", "--limit", "8"], ctl_env)
     shell([str(BIN / "tunnelctl"), "status"], ctl_env)
+    console(server_url, state)
     print("\ndemo: OK: kubectl and a dispatched command both went through the tunnel.")
+    if "--keep" in sys.argv[1:]:
+        print("demo: --keep: the server, agent and cluster run on; Ctrl-C ends them.")
+        with contextlib.suppress(KeyboardInterrupt):
+            while all(service.process.poll() is None for service in processes):
+                time.sleep(1.0)
     return 0
+
+
+def console(server_url: str, state: Path) -> None:
+    """Say where the web console is and how to sign in (and that it answers)."""
+    section("9. The fleet console in a browser (served by tunnel-server itself)")
+    address = f"{server_url}/ui/"
+    context = ssl.create_default_context(cafile=str(state / "ca.crt"))
+    try:
+        with urllib.request.urlopen(f"{server_url}/ui/sign-in", context=context) as answer:
+            status = answer.status
+    except (OSError, urllib.error.URLError) as exc:
+        raise DemoError(f"the console does not answer at {address}: {exc}") from exc
+    print(f"   console: {address} (answers {status})")
+    print(f"   sign in: paste the admin's API token, the one line of {state / 'admin-token'}")
+    print(f"   (the browser trusts the server once it trusts its CA, {state / 'ca.crt'};")
+    print("   run `bash scripts/demo --keep` to keep everything running while you look)")
 
 
 def alice_token(env: dict[str, str]) -> str:
