@@ -51,7 +51,16 @@ ALLOWED: dict[str, tuple[set[str], set[str]]] = {
     ),
     "tunnel_server": (
         {"protocol", "tunnel_cli", "tunnel_commands", "tunnel_kube", "tunnel_mux", "tunnel_pki"},
-        {"aiohttp", "yarl", "multidict", "prometheus_client", "yaml", "cryptography", "asyncpg"},
+        {
+            "aiohttp",
+            "yarl",
+            "multidict",
+            "prometheus_client",
+            "yaml",
+            "cryptography",
+            "asyncpg",
+            "jinja2",  # the web console's templates (tunnel_server/console)
+        },
     ),
 }
 #: Standard-library modules that would make the protocol package do I/O.

@@ -43,7 +43,9 @@ from tunnel_pki.keys import (
 )
 from tunnel_pki.names import (
     AGENT_ORGANIZATION,
+    REPLICA_ORGANIZATION,
     cluster_uri,
+    replica_uri,
     validate_cluster_name,
     validate_dns_name,
 )
@@ -273,7 +275,7 @@ class CertificateAuthority:
             subject=subject,
             public_key=key.public_key(),
             san=x509.SubjectAlternativeName(names),
-            usage=ExtendedKeyUsageOID.SERVER_AUTH,
+            usages=(ExtendedKeyUsageOID.SERVER_AUTH,),
             lifetime=lifetime,
             now=_now(now),
         )
@@ -309,11 +311,48 @@ class CertificateAuthority:
             subject=subject,
             public_key=public_key,
             san=x509.SubjectAlternativeName([x509.UniformResourceIdentifier(cluster_uri(cluster))]),
-            usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+            usages=(ExtendedKeyUsageOID.CLIENT_AUTH,),
             lifetime=lifetime,
             now=moment,
         )
         return IssuedCertificate.from_certificate(certificate)
+
+    def issue_replica_certificate(
+        self,
+        replica: str,
+        hosts: Sequence[str],
+        lifetime: timedelta,
+        *,
+        now: datetime | None = None,
+    ) -> IssuedCertificate:
+        """Issue a server replica's certificate for the link between replicas.
+
+        One certificate serves both ends of the link: serverAuth for the
+        replica's internal port, clientAuth when it dials another replica.
+        It names the replica in the URI SAN ``urn:tunnel:replica:<replica>``
+        (and carries no cluster URI, so it is never an agent's), and the
+        ``hosts`` other replicas reach it at as further SANs.
+        """
+        replica = validate_cluster_name(replica)
+        require_positive(lifetime)
+        key = generate_private_key()
+        subject = x509.Name(
+            [
+                x509.NameAttribute(NameOID.COMMON_NAME, replica),
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, REPLICA_ORGANIZATION),
+            ]
+        )
+        names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(replica_uri(replica))]
+        names += [_general_name(host) for host in hosts]
+        certificate = self._sign(
+            subject=subject,
+            public_key=key.public_key(),
+            san=x509.SubjectAlternativeName(names),
+            usages=(ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
+            lifetime=lifetime,
+            now=_now(now),
+        )
+        return IssuedCertificate.from_certificate(certificate, private_key_to_pem(key))
 
     def _sign(
         self,
@@ -321,7 +360,7 @@ class CertificateAuthority:
         subject: x509.Name,
         public_key: PublicKey,
         san: x509.SubjectAlternativeName,
-        usage: x509.ObjectIdentifier,
+        usages: tuple[x509.ObjectIdentifier, ...],
         lifetime: timedelta,
         now: datetime,
     ) -> x509.Certificate:
@@ -356,7 +395,7 @@ class CertificateAuthority:
                 ),
                 critical=True,
             )
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
             .add_extension(san, critical=False)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
             .add_extension(self._authority_key_id, critical=False)

@@ -19,10 +19,20 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from tunnel_pki.certs import certificate_fingerprint, load_certificate
 from tunnel_pki.errors import InvalidCertificateError, InvalidNameError
-from tunnel_pki.names import CLUSTER_URI_PREFIX, cluster_from_uri
+from tunnel_pki.names import (
+    CLUSTER_URI_PREFIX,
+    REPLICA_URI_PREFIX,
+    cluster_from_uri,
+    replica_from_uri,
+)
 from tunnel_pki.validity import require_aware
 
-__all__ = ["ClientIdentity", "identity_from_certificate", "verify_client_certificate"]
+__all__ = [
+    "ClientIdentity",
+    "identity_from_certificate",
+    "verify_client_certificate",
+    "verify_replica_certificate",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +103,40 @@ def verify_client_certificate(
     otherwise, with a message that says which check failed.
     """
     cert = load_certificate(certificate)
-    ca = load_certificate(ca_certificate)
-    moment = require_aware(now)
+    _verify_issued(cert, load_certificate(ca_certificate), require_aware(now))
+    return identity_from_certificate(cert)
+
+
+def verify_replica_certificate(
+    certificate: x509.Certificate | bytes,
+    ca_certificate: x509.Certificate | bytes,
+    now: datetime,
+) -> str:
+    """Verify a server replica's certificate against the CA; the replica it names.
+
+    The same checks as :func:`verify_client_certificate` (issuer, validity,
+    clientAuth), and exactly one ``urn:tunnel:replica:`` URI SAN: an agent's
+    certificate is never a replica's.
+    """
+    cert = load_certificate(certificate)
+    _verify_issued(cert, load_certificate(ca_certificate), require_aware(now))
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = san.get_values_for_type(x509.UniformResourceIdentifier)
+        replicas = [name for uri in uris if (name := replica_from_uri(uri)) is not None]
+    except (x509.ExtensionNotFound, InvalidNameError, ValueError) as exc:
+        raise InvalidCertificateError("the certificate does not name a server replica") from exc
+    if len(replicas) != 1:
+        raise InvalidCertificateError(
+            f"the certificate has {len(replicas)} {REPLICA_URI_PREFIX}<name> URI SANs, not "
+            "one: it is not a server replica's certificate from this tunnel's CA"
+        )
+    return replicas[0]
+
+
+def _verify_issued(cert: x509.Certificate, ca: x509.Certificate, moment: datetime) -> None:
+    """Raise :class:`InvalidCertificateError` unless ``ca`` issued ``cert``, both are valid
+    at ``moment``, and ``cert`` is an end entity for clientAuth."""
     try:
         cert.verify_directly_issued_by(ca)
     except ValueError as exc:
@@ -122,7 +164,6 @@ def verify_client_certificate(
         _check_client_usage(cert)
     except ValueError as exc:
         raise InvalidCertificateError("the certificate's extensions are malformed") from exc
-    return identity_from_certificate(cert)
 
 
 def _check_client_usage(cert: x509.Certificate) -> None:

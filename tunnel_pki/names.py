@@ -16,8 +16,12 @@ __all__ = [
     "AGENT_ORGANIZATION",
     "CLUSTER_URI_PREFIX",
     "MAX_CLUSTER_NAME_LENGTH",
+    "REPLICA_ORGANIZATION",
+    "REPLICA_URI_PREFIX",
     "cluster_from_uri",
     "cluster_uri",
+    "replica_from_uri",
+    "replica_uri",
     "validate_cluster_name",
     "validate_dns_name",
 ]
@@ -30,6 +34,12 @@ CLUSTER_URI_PREFIX = "urn:tunnel:cluster:"
 
 AGENT_ORGANIZATION = "tunnel-agent"
 """The subject organization (O) of every agent certificate."""
+
+REPLICA_URI_PREFIX = "urn:tunnel:replica:"
+"""A server replica's certificate names the replica in a URI SAN: this prefix, then its name."""
+
+REPLICA_ORGANIZATION = "tunnel-server-replica"
+"""The subject organization (O) of every replica certificate."""
 
 # [a-z0-9] spelled out rather than \w so that no Unicode letter or digit slips in.
 _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
@@ -91,3 +101,18 @@ def cluster_from_uri(uri: str) -> str | None:
     if not uri.startswith(CLUSTER_URI_PREFIX):
         return None
     return validate_cluster_name(uri[len(CLUSTER_URI_PREFIX) :])
+
+
+def replica_uri(replica: str) -> str:
+    """The URI SAN that names a server replica (a name of the same form as a cluster's)."""
+    return REPLICA_URI_PREFIX + validate_cluster_name(replica)
+
+
+def replica_from_uri(uri: str) -> str | None:
+    """The replica a ``urn:tunnel:replica:`` URI names; None for another URI.
+
+    Raises :class:`InvalidNameError` if it has the prefix but not a valid name.
+    """
+    if not uri.startswith(REPLICA_URI_PREFIX):
+        return None
+    return validate_cluster_name(uri[len(REPLICA_URI_PREFIX) :])

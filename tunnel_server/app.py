@@ -24,6 +24,8 @@ from tunnel_server.audit import AuditWriter
 from tunnel_server.clock import utcnow
 from tunnel_server.commands import CommandDispatcher, setup_command_api
 from tunnel_server.config import ServerSettings
+from tunnel_server.console import setup_console
+from tunnel_server.console.sessions import COOKIE as CONSOLE_COOKIE
 from tunnel_server.context import CONTEXT, ServerContext
 from tunnel_server.edge.fdlimit import raise_file_limit
 from tunnel_server.edge.frontdoor import LINGER_SECONDS, FrontDoor, FrontDoors
@@ -41,6 +43,9 @@ from tunnel_server.metrics import ServerMetrics
 from tunnel_server.proxy.identity import access_refusal
 from tunnel_server.proxy.kubeproxy import setup_kube_proxy
 from tunnel_server.proxy.live_requests import LiveRequests
+from tunnel_server.replicas.changes import ChangeFollower
+from tunnel_server.replicas.membership import Membership
+from tunnel_server.replicas.peers import RunningReplica
 from tunnel_server.retention import Pruner
 from tunnel_server.statedir import ServerIdentity, StateLock, ensure_admin, prepare_state_dir
 from tunnel_server.store.base import (
@@ -50,6 +55,7 @@ from tunnel_server.store.base import (
     Store,
     StoreError,
 )
+from tunnel_server.store.replicas import ReplicaStore
 from tunnel_server.store.sqlite import SqliteStore
 
 __all__ = [
@@ -67,6 +73,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LISTENER: web.AppKey[BoundedTlsListener] = web.AppKey("listener", BoundedTlsListener)
 FRONT_DOORS: web.AppKey[FrontDoors] = web.AppKey("front_doors", FrontDoors)
 STATE_LOCK: web.AppKey[StateLock] = web.AppKey("state_lock", StateLock)
+REPLICA: web.AppKey[RunningReplica] = web.AppKey("replica", RunningReplica)
 
 
 def create_app(settings: ServerSettings, identity: ServerIdentity) -> web.Application:
@@ -83,6 +90,7 @@ def create_app(settings: ServerSettings, identity: ServerIdentity) -> web.Applic
     setup_user_api(app)
     setup_kube_proxy(app)
     setup_command_api(app)
+    setup_console(app)
     return app
 
 
@@ -100,6 +108,11 @@ def _lifecycle(
                 command_retention=settings.command_retention,
             )
             registry = AgentRegistry(settings.tunnel.replace_grace)
+            membership = Membership(
+                settings.replica,
+                store if isinstance(store, ReplicaStore) else None,
+                registry,
+            )
             metrics = ServerMetrics()
             access = AccessCache(store)
             commands = CommandDispatcher(
@@ -120,10 +133,26 @@ def _lifecycle(
                 audit=audit,
                 commands=commands,
                 metrics=metrics,
+                replicas=membership,
                 revoked=await store.revoked_serials(),
             )
             app[CONTEXT] = context
-            async with audit.running(), commands.running(), live.running(), pruner.running():
+            if membership.shared:
+
+                async def held_elsewhere(cluster: str) -> bool:
+                    return await membership.owner(cluster) is not None
+
+                commands.held_elsewhere = held_elsewhere
+            changes = ChangeFollower(
+                store, membership, registry, access, live, commands, context.revoked
+            )
+            async with (
+                audit.running(),
+                commands.running(),
+                live.running(),
+                pruner.running(),
+                changes.running(),
+            ):
                 yield
                 await context.registry.close(grace=0)
         finally:
@@ -170,13 +199,13 @@ async def _say_close(request: web.Request, response: web.StreamResponse) -> None
 
 
 def _an_api_clients(request: web.Request, response: web.StreamResponse) -> bool:
-    """Whether the connection is an API client's, with a token that was not refused."""
-    return (
-        request.path.startswith("/api/")
-        and "Authorization" in request.headers
-        and response.status != 401
-        and request.keep_alive
-    )
+    """Whether the connection is an API client's, with a token that was not refused, or a
+    signed-in browser's on the console (a page loads its assets on the same connection)."""
+    if not request.keep_alive or response.status == 401:
+        return False
+    if request.path.startswith("/api/"):
+        return "Authorization" in request.headers
+    return request.path.startswith("/ui/") and CONSOLE_COOKIE in request.cookies
 
 
 @web.middleware
@@ -228,10 +257,15 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _readyz(request: web.Request) -> web.Response:
     """Ready while the store answers and can write: a server that cannot record its audit
     trail, commands or agents' connections takes no new callers (docs/operations.md)."""
+    context = request.app[CONTEXT]
     try:
-        await request.app[CONTEXT].store.health()
+        await context.store.health()
     except StoreError as exc:
         raise UnavailableError(f"not ready: {exc}") from exc
+    if context.replicas.lease_lost is not None:
+        raise UnavailableError(f"not ready: {context.replicas.lease_lost}")
+    if context.replicas.draining:
+        raise UnavailableError("not ready: this replica is stopping")
     return web.json_response({"status": "ready"})
 
 
@@ -310,6 +344,7 @@ async def _start_locked(settings: ServerSettings, lock: StateLock) -> tuple[web.
     app[LISTENER] = listener  # before setup: a started app's state is frozen
     app[FRONT_DOORS] = doors
     app[STATE_LOCK] = lock
+    app[REPLICA] = RunningReplica()
     await runner.setup()
     app[CONTEXT].metrics.watch_callers(doors.callers)  # made by the set-up
     app[CONTEXT].metrics.watch_handshakes(listener.admission)
@@ -321,6 +356,20 @@ async def _start_locked(settings: ServerSettings, lock: StateLock) -> tuple[web.
         raise ConfigError(
             f"cannot listen on {settings.listen.host}:{settings.listen.port}: {exc.strerror}"
         ) from exc
+    context = app[CONTEXT]
+    if context.replicas.shared:
+        try:
+            context.links = await app[REPLICA].start(
+                settings.replica,
+                settings.tunnel,
+                identity.ca,
+                context.registry,
+                context.replicas,
+            )
+        except BaseException:
+            await listener.stop()
+            await runner.cleanup()
+            raise
     logger.info(
         "listening on %s:%d (public URL %s); request path %s",
         settings.listen.host,
@@ -339,8 +388,10 @@ async def stop_server(runner: web.AppRunner) -> None:
     closes every connection, WebSockets included, and would cut them short.
     """
     context = runner.app[CONTEXT]
+    await context.replicas.drain()  # the others stop forwarding here
     await runner.app[LISTENER].stop()  # no new connections meanwhile
     await context.registry.close(context.settings.tunnel.shutdown_grace)
+    await runner.app[REPLICA].stop()  # releases its sessions: their agents are elsewhere
     await runner.app[FRONT_DOORS].close()
     await runner.cleanup()
     runner.app[STATE_LOCK].release()

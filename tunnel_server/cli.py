@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
+import socket
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +27,7 @@ from tunnel_server.config import (
     CommandSettings,
     IdentitySettings,
     ListenSettings,
+    ReplicaSettings,
     ServerSettings,
     StoreSettings,
     TlsSettings,
@@ -63,6 +66,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     env_flag(
         serve,
+        "--replica-name",
+        env + "REPLICA_NAME",
+        default=None,
+        help="this replica's name among those sharing --database (default: the host name)",
+    )
+    env_flag(
+        serve,
+        "--peer-listen",
+        env + "PEER_LISTEN",
+        default="0.0.0.0:8444",
+        help="HOST:PORT of the internal port other replicas forward requests to "
+        "(with --database; mTLS between replicas only)",
+    )
+    env_flag(
+        serve,
+        "--advertise-address",
+        env + "ADVERTISE_ADDRESS",
+        default=None,
+        help="HOST:PORT other replicas reach the internal port at "
+        "(default: --peer-listen's host, or this host's name)",
+    )
+    env_flag(
+        serve,
+        "--replica-lease",
+        env + "REPLICA_LEASE",
+        default="10s",
+        help="how long a replica's hold on its agents' sessions lasts without a heartbeat",
+    )
+    env_flag(
+        serve,
         "--listen",
         env + "LISTEN",
         default="0.0.0.0:8443",
@@ -78,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     env_flag(serve, "--tls-cert", env + "TLS_CERT", help="serving certificate (PEM, with chain)")
     env_flag(serve, "--tls-key", env + "TLS_KEY", help="key of --tls-cert")
     env_flag(serve, "--tls-ca", env + "TLS_CA", help="CA bundle clients pin, with --tls-cert")
+    env_flag(
+        serve,
+        "--ca-cert",
+        env + "CA_CERT",
+        help="the tunnel CA's certificate (PEM), shared by every replica "
+        "(default: ca.crt in --state-dir, created on first start)",
+    )
+    env_flag(serve, "--ca-key", env + "CA_KEY", help="the key of --ca-cert (PEM)")
     env_flag(
         serve,
         "--bootstrap-token-ttl",
@@ -222,6 +263,34 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(EVENT_LOOPS),
         help="event loop: uvloop when installed (auto), or force uvloop or asyncio",
     )
+    create_ca = commands.add_parser(
+        "create-ca",
+        help="create the tunnel CA (ca.crt, ca.key) that several replicas share (--ca-cert)",
+    )
+    create_ca.add_argument("--out", required=True, help="directory to write ca.crt and ca.key to")
+    move = commands.add_parser(
+        "migrate-store",
+        help="move a single server's SQLite state to PostgreSQL (again: adds what is new)",
+    )
+    env_flag(
+        move,
+        "--from",
+        env + "STATE_DIR",
+        default="./state",
+        help="the state directory whose state.db to move",
+    )
+    env_flag(
+        move,
+        "--to",
+        env + "DATABASE",
+        default=None,
+        help="postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE to move it to",
+    )
+    for flag, variable, default, text in (
+        ("--log-level", "LOG_LEVEL", "info", "log level"),
+        ("--log-format", "LOG_FORMAT", "text", "log format: text or json"),
+    ):
+        env_flag(move, flag, env + variable, default=default, help=text)
     return parser
 
 
@@ -236,7 +305,11 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         state_dir=Path(args.state_dir),
         listen=ListenSettings(host=host.strip("[]"), port=port, public_url=public_url),
         tls=TlsSettings(
-            cert_file=_path(args.tls_cert), key_file=_path(args.tls_key), ca_file=_path(args.tls_ca)
+            cert_file=_path(args.tls_cert),
+            key_file=_path(args.tls_key),
+            ca_file=_path(args.tls_ca),
+            ca_cert_file=_path(args.ca_cert),
+            ca_key_file=_path(args.ca_key),
         ),
         identity=IdentitySettings(
             bootstrap_token_ttl=parse_duration(args.bootstrap_token_ttl),
@@ -266,10 +339,40 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             agent_return_grace=parse_duration(args.agent_return_grace).total_seconds(),
         ),
         store=StoreSettings(database=args.database or None),
+        replica=_replica_settings(args),
         agent_image=args.agent_image,
         audit_retention=_retention(args.audit_retention, "--audit-retention"),
         command_retention=_retention(args.command_retention, "--command-retention"),
     )
+
+
+def _replica_settings(args: argparse.Namespace) -> ReplicaSettings:
+    """The replica flags; the name defaults to the host's (a pod's name), made a DNS label."""
+    host, _, port_text = str(args.peer_listen).rpartition(":")
+    if not host or not port_text.isdigit():
+        raise ConfigError(f"--peer-listen must be HOST:PORT, not {args.peer_listen!r}")
+    name = args.replica_name or _label(socket.gethostname())
+    if args.advertise_address is not None:
+        advertised_host, _, advertised_port = str(args.advertise_address).rpartition(":")
+        if not advertised_host or not advertised_port.isdigit():
+            raise ConfigError(
+                f"--advertise-address must be HOST:PORT, not {args.advertise_address!r}"
+            )
+    lease = parse_duration(args.replica_lease).total_seconds()
+    return ReplicaSettings(
+        name=name,
+        peer_host=host.strip("[]"),
+        peer_port=int(port_text),
+        advertise=args.advertise_address,
+        lease=lease,
+        heartbeat=lease / 5,
+    )
+
+
+def _label(host: str) -> str:
+    """A host name as a replica name: its first label, lower case, other characters as '-'."""
+    label = re.sub(r"[^a-z0-9-]", "-", host.split(".", 1)[0].lower()).strip("-")[:63]
+    return label.strip("-") or "replica"
 
 
 def _token_ttl(value: str | None) -> timedelta | None:
@@ -335,7 +438,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``tunnel-server``."""
     args = build_parser().parse_args(argv)
     try:
-        configure_logging(args.log_format, args.log_level)
+        configure_logging(getattr(args, "log_format", "text"), getattr(args, "log_level", "info"))
+        if args.command == "migrate-store":
+            return _migrate_store(args)
+        if args.command == "create-ca":
+            return _create_ca(Path(args.out))
         settings = settings_from_args(args)
         from tunnel_server.app import run_server
 
@@ -345,6 +452,40 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    return 0
+
+
+def _create_ca(out: Path) -> int:
+    """``create-ca``: a new CA in ``out``, refusing to overwrite one."""
+    from tunnel_pki.ca import CertificateAuthority
+    from tunnel_pki.files import write_private_file
+
+    cert, key = out / "ca.crt", out / "ca.key"
+    if cert.exists() or key.exists():
+        raise ConfigError(f"{out} already holds a CA: remove ca.crt and ca.key first")
+    try:
+        out.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ca = CertificateAuthority.create()
+        write_private_file(key, ca.key_pem)
+        cert.write_bytes(ca.cert_pem)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the CA to {out}: {exc.strerror}") from exc
+    print(f"created {cert} and {key} (mode 0600); store them in a Secret, keep a backup")
+    return 0
+
+
+def _migrate_store(args: argparse.Namespace) -> int:
+    """``migrate-store``: move STATE_DIR/state.db into the database, and say what moved."""
+    import asyncio
+
+    from tunnel_server.store.migrate import describe, move_sqlite_to_postgres
+
+    if not args.to:
+        raise ConfigError("migrate-store needs --to postgresql://... (or TUNNEL_SERVER_DATABASE)")
+    StoreSettings(database=args.to)  # the same check as serve's --database
+    moved = asyncio.run(move_sqlite_to_postgres(Path(args.__dict__["from"]) / "state.db", args.to))
+    print(describe(moved))
+    print("verified: every row of the state directory is in the database")
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +22,7 @@ __all__ = [
     "CommandSettings",
     "IdentitySettings",
     "ListenSettings",
+    "ReplicaSettings",
     "ServerSettings",
     "StoreSettings",
     "TlsSettings",
@@ -59,10 +61,16 @@ class TlsSettings:
     key_file: Path | None = None
     #: The CA bundle clients should pin when cert_file is not from our CA.
     ca_file: Path | None = None
+    #: The tunnel CA (certificate and key) from files of its own, e.g. a Secret that
+    #: every replica mounts; None: ``ca.crt`` and ``ca.key`` in the state directory.
+    ca_cert_file: Path | None = None
+    ca_key_file: Path | None = None
 
     def __post_init__(self) -> None:
         if (self.cert_file is None) != (self.key_file is None):
             raise ConfigError("--tls-cert and --tls-key go together")
+        if (self.ca_cert_file is None) != (self.ca_key_file is None):
+            raise ConfigError("--ca-cert and --ca-key go together")
 
 
 #: The shortest and the longest lifetime an API token may have.
@@ -174,6 +182,48 @@ class StoreSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaSettings:
+    """How a replica finds and serves the others that share its PostgreSQL database.
+
+    Used only with a database (``StoreSettings.database``): a server on SQLite
+    is the only replica of its state.
+    """
+
+    #: This replica's name among the others (a DNS label; default: the host's name).
+    name: str = "solo"
+    #: Host and port of the internal port, where other replicas send the requests of
+    #: the clusters whose agents this replica holds (mTLS, replicas only).
+    peer_host: str = "0.0.0.0"  # noqa: S104 - the pod's address is not known here
+    peer_port: int = 8444
+    #: ``host:port`` other replicas dial to reach the internal port; None: the peer
+    #: host (if not a wildcard) or the host's name, and the bound port.
+    advertise: str | None = None
+    #: Seconds a replica's hold on its sessions lasts without a heartbeat.
+    lease: float = 10.0
+    #: Seconds between heartbeats (which renew the lease).
+    heartbeat: float = 2.0
+    #: Lifetime of the certificate each replica issues itself for the internal port.
+    certificate_lifetime: timedelta = timedelta(days=30)
+
+    def __post_init__(self) -> None:
+        if not REPLICA_NAME.fullmatch(self.name):
+            raise ConfigError(
+                f"the replica name {self.name[:80]!r} is not valid: use 1 to 63 characters of "
+                "lowercase a-z, 0-9 and '-', starting and ending with a letter or digit"
+            )
+        if not 0 <= self.peer_port <= 65535:
+            raise ConfigError(f"the peer port {self.peer_port} is not a TCP port")
+        if self.heartbeat <= 0 or self.lease < 2 * self.heartbeat:
+            raise ConfigError(
+                "the replica lease must last at least two heartbeats, and heartbeats be positive"
+            )
+
+
+#: A replica's name: one DNS label, as a cluster's.
+REPLICA_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+
+
+@dataclass(frozen=True, slots=True)
 class ServerSettings:
     state_dir: Path
     listen: ListenSettings = field(default_factory=ListenSettings)
@@ -182,6 +232,7 @@ class ServerSettings:
     tunnel: TunnelSettings = field(default_factory=TunnelSettings)
     commands: CommandSettings = field(default_factory=CommandSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
+    replica: ReplicaSettings = field(default_factory=ReplicaSettings)
     #: How long audit events are kept.
     audit_retention: timedelta = timedelta(days=90)
     #: How long a finished command (its record, result and log) is kept.

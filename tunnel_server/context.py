@@ -26,6 +26,8 @@ from tunnel_server.store.base import Store
 
 if TYPE_CHECKING:
     from tunnel_server.commands.dispatcher import CommandDispatcher
+    from tunnel_server.replicas.links import PeerLinks
+    from tunnel_server.replicas.membership import Membership
 
 __all__ = ["CONTEXT", "ServerContext"]
 
@@ -42,6 +44,10 @@ class ServerContext:
     audit: AuditWriter
     commands: CommandDispatcher
     metrics: ServerMetrics
+    #: This replica among those sharing the database (alone on SQLite).
+    replicas: Membership
+    #: Links to the other replicas (None on SQLite, or before the internal port listens).
+    links: PeerLinks | None = None
     #: Serials of revoked client certificates, loaded at start, kept current.
     revoked: set[int] = field(default_factory=set)
 

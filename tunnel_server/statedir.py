@@ -122,7 +122,14 @@ def prepare_state_dir(settings: ServerSettings, now: datetime) -> ServerIdentity
     try:
         state.mkdir(parents=True, exist_ok=True, mode=0o700)
         _keep_private(state)
-        ca = _load_or_create_ca(state, now)
+        tls = settings.tls
+        if tls.ca_cert_file is not None and tls.ca_key_file is not None:
+            # Shared by the replicas of one database (a mounted Secret): never created here.
+            ca = CertificateAuthority.load(
+                tls.ca_cert_file.read_bytes(), tls.ca_key_file.read_bytes()
+            )
+        else:
+            ca = _load_or_create_ca(state, now)
         if settings.tls.cert_file is not None and settings.tls.key_file is not None:
             cert_pem = settings.tls.cert_file.read_bytes()
             key_pem = settings.tls.key_file.read_bytes()

@@ -300,6 +300,7 @@ def test_register_run_agent_list_kill_and_stop(
     assert header.split() == [
         "NAME",
         "CONNECTED",
+        "REPLICA",
         "AGENT",
         "REMOTE",
         "CONNECTED",
@@ -307,7 +308,10 @@ def test_register_run_agent_list_kill_and_stop(
         "LAST",
         "SEEN",
     ]
-    assert row.split()[:4] == ["prod-eu", "yes", "0.1.0", "127.0.0.1"]
+    fields = row.split()
+    assert fields[:2] == ["prod-eu", "yes"]
+    assert fields[2] == entry["replica"]  # the server that holds the agent: this one
+    assert fields[3:5] == ["0.1.0", "127.0.0.1"]
 
     # kill -9: no goodbye, but the TCP connection closes and the server notices at once.
     agent.process.send_signal(signal.SIGKILL)

@@ -180,13 +180,14 @@ async def test_exec_carries_stdin_stdout_stderr_and_exit_status(tunnel: Tunnel) 
     assert upgrade.status == 101
 
 
-async def test_port_forward_carries_real_bytes(tunnel: Tunnel) -> None:
-    forwarding = await tunnel.kubectl.start("port-forward", "pod/demo", ":8080")
+async def port_forward_echoes(kubectl: Kubectl, payload: bytes) -> str:
+    """``kubectl port-forward pod/demo`` carries ``payload`` to the stand-in's echo and back
+    (half-closed, as the stand-in's pods echo until EOF); what kubectl wrote on stderr."""
+    forwarding = await kubectl.start("port-forward", "pod/demo", ":8080")
     try:
         match = re.match(r"Forwarding from 127\.0\.0\.1:(\d+) -> 8080", await forwarding.line())
         assert match, "kubectl did not say where it listens"
         reader, writer = await asyncio.open_connection("127.0.0.1", int(match.group(1)))
-        payload = bytes(range(256)) * 1000
         writer.write(payload)
         writer.write_eof()
         echoed = await asyncio.wait_for(reader.read(), TIMEOUT)
@@ -195,7 +196,11 @@ async def test_port_forward_carries_real_bytes(tunnel: Tunnel) -> None:
         assert echoed == payload
     finally:
         stderr = await forwarding.stop()
-    assert stderr == ""
+    return stderr
+
+
+async def test_port_forward_carries_real_bytes(tunnel: Tunnel) -> None:
+    assert await port_forward_echoes(tunnel.kubectl, bytes(range(256)) * 1000) == ""
 
 
 async def test_cp_copies_into_a_pod_and_back(tunnel: Tunnel) -> None:

@@ -27,9 +27,10 @@ def _id(path: Path) -> str:
 
 
 def _resource_files() -> list[Path]:
-    """The files kustomizations list as resources (whole objects, not patches or values)."""
+    """The files kustomizations (and components) list as resources (whole objects)."""
     found = set()
-    for directory in BUILDS:
+    components = [path.parent for path in PACKAGE_MANIFESTS.rglob("kustomization.yaml")]
+    for directory in {*BUILDS, *components}:
         kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
         for entry in kustomization.get("resources", []):
             path = (directory / entry).resolve()
@@ -47,7 +48,9 @@ def test_the_trees_hold_the_expected_kustomizations() -> None:
         PACKAGE_MANIFESTS / "agent" / "base",
         PACKAGE_MANIFESTS / "agent" / "namespace-access",
         PACKAGE_MANIFESTS / "server" / "base",
+        PACKAGE_MANIFESTS / "server" / "ha",
         USER_MANIFESTS / "server",
+        USER_MANIFESTS / "server-ha",
         USER_MANIFESTS / "agent" / "namespaced" / "namespaces" / "example",
     }
     for variant in ("full", "read-only", "namespaced"):
@@ -102,7 +105,13 @@ def test_kubectl_kustomize_builds_every_kustomization(directory: Path) -> None:
 
 
 def test_every_packaged_file_is_used_by_a_kustomization() -> None:
-    """No stray file in the package tree: each is a kustomization or listed in one."""
+    """No stray file in the package tree: each is a kustomization or listed in one
+    (as a resource, or as a patch)."""
     listed = {path.resolve() for path in RESOURCE_FILES}
+    for directory in BUILDS:
+        kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+        for patch in kustomization.get("patches", []):
+            if "path" in patch:
+                listed.add((directory / patch["path"]).resolve())
     for path in PACKAGE_MANIFESTS.rglob("*.yaml"):
         assert path.name == "kustomization.yaml" or path.resolve() in listed, path

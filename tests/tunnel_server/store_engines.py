@@ -65,9 +65,10 @@ async def connect_admin(url: str) -> asyncpg.Connection:
 
 
 @asynccontextmanager
-async def fresh_database() -> AsyncIterator[str]:
-    """The URL of a new, empty database, dropped afterwards."""
-    url = admin_url()
+async def fresh_database(server: str | None = None) -> AsyncIterator[str]:
+    """The URL of a new, empty database (on ``server``, a URL like :func:`admin_url`'s,
+    by default that one), dropped afterwards."""
+    url = server or admin_url()
     name = f"tunnel_test_{os.getpid()}_{uuid.uuid4().hex[:12]}"
     admin = await connect_admin(url)
     try:
@@ -75,6 +76,8 @@ async def fresh_database() -> AsyncIterator[str]:
         try:
             yield database_url(url, name)
         finally:
+            if admin.is_closed():  # the server was restarted meanwhile
+                admin = await connect_admin(url)
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()

@@ -179,6 +179,15 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
         # agents attached, so this one must not attach after it.
         reason = "the cluster's certificates were revoked"
         return await _never_attached(context, session, run, websocket, reason)
+    try:
+        # The newest session of a cluster serves it, on whichever replica it is.
+        epoch = await context.replicas.claim(identity.cluster)
+    except StoreError as exc:
+        logger.warning(
+            "cannot record the agent's session: %s", exc, extra={"cluster": identity.cluster}
+        )
+        reason = "the server cannot record the session now; connect again shortly"
+        return await _never_attached(context, session, run, websocket, reason)
     agent = AgentConnection(
         cluster=identity.cluster,
         session=session,
@@ -186,6 +195,9 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
         agent_version=_claim(hello.peer_info, kinds.INFO_AGENT_VERSION),
         remote_addr=request.remote,
         connected_since=utcnow(),
+        epoch=epoch,
+        kubernetes_version=_claim(hello.peer_info, kinds.INFO_KUBERNETES_VERSION),
+        pod=_claim(hello.peer_info, kinds.INFO_POD),
     )
     context.registry.attach(agent)
     context.metrics.agent_connects.inc()
@@ -198,6 +210,7 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
     finally:
         context.registry.detach(agent)
         context.metrics.untrack(session)
+        await context.replicas.release(identity.cluster, epoch)
         error = session.close_error
         if isinstance(error, SessionTimeoutError):
             context.metrics.agent_timeouts.inc()
@@ -205,7 +218,8 @@ async def _accept_agent(request: web.Request, context: ServerContext) -> web.Str
             context.metrics.agent_protocol_errors.labels(describe_code(error.code)).inc()
         await renewals.close()
         logger.info("agent disconnected: %s", printable(str(session.close_reason)), extra=log)
-        await _record(context, agent, connected=False)
+        if not agent.fenced:  # else the replica that holds it now has recorded it
+            await _record(context, agent, connected=False)
     return websocket
 
 

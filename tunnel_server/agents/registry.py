@@ -35,6 +35,14 @@ class AgentConnection:
     agent_version: str | None
     remote_addr: str | None
     connected_since: datetime
+    #: The session's epoch among the replicas sharing a database: a newer session
+    #: of the cluster, wherever it is, has a greater one (tunnel_server/replicas).
+    epoch: int = 0
+    #: What the agent said of its cluster and itself (claims, bounded and printable).
+    kubernetes_version: str | None = None
+    pod: str | None = None
+    #: Closed because a newer session of the cluster holds it elsewhere (fenced).
+    fenced: bool = False
 
 
 class AgentRegistry:
@@ -109,6 +117,18 @@ class AgentRegistry:
         agent = self._agents.pop(cluster, None)
         if agent is None:
             return False
+        await agent.session.close(ErrorCode.NO_ERROR, reason)
+        return True
+
+    async def fence(self, cluster: str, newer: int, reason: str) -> bool:
+        """Close the cluster's session if its epoch is older than ``newer`` (a newer
+        session holds the cluster on another replica); whether it did."""
+        agent = self._agents.get(cluster)
+        if agent is None or agent.epoch >= newer:
+            return False
+        del self._agents[cluster]
+        agent.fenced = True
+        logger.info("closing the session: %s", reason, extra={"cluster": cluster})
         await agent.session.close(ErrorCode.NO_ERROR, reason)
         return True
 

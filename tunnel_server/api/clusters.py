@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ from tunnel_server.context import CONTEXT, ServerContext
 from tunnel_server.errors import BadRequestError, NotFoundApiError
 from tunnel_server.statedir import new_token
 from tunnel_server.store.base import Cluster, NotFoundError, hash_token
+from tunnel_server.store.replicas import SessionOwner
 
 __all__ = ["setup_api"]
 
@@ -54,17 +56,29 @@ async def fleet_status(request: web.Request) -> web.Response:
     await require_admin(request)
     context = request.app[CONTEXT]
     clusters = await context.store.list_clusters()
-    connected = context.registry.connected()
+    local = context.registry.connected()
+    owners = await context.replicas.owners()
+    connected = set(local) | set(owners)
     outdated = sorted(
         cluster.name
         for cluster in clusters
-        if (
-            connected[cluster.name].agent_version
-            if cluster.name in connected
-            else cluster.agent_version
-        )
+        if (local[cluster.name].agent_version if cluster.name in local else cluster.agent_version)
         not in (None, __version__)
     )
+    now = utcnow()
+    replicas = [
+        {
+            "name": replica.name,
+            "address": replica.address,
+            "version": replica.version,
+            "agents": len(local) if replica.name == context.replicas.name else replica.agents,
+            "healthy": replica.name == context.replicas.name or replica.alive(now),
+            "draining": replica.draining,
+            "heartbeat_at": timestamp(replica.heartbeat_at),
+            "started_at": timestamp(replica.started_at),
+        }
+        for replica in await context.replicas.replicas()
+    ]
     counts = await context.store.count_commands(utcnow() - timedelta(hours=24))
     return json_response(
         {
@@ -75,6 +89,8 @@ async def fleet_status(request: web.Request) -> web.Response:
                 "disconnected": sorted(c.name for c in clusters if c.name not in connected),
             },
             "agents_out_of_date": outdated,
+            "replica": context.replicas.name,
+            "replicas": replicas,
             "commands": {
                 "pending": counts.get("pending", 0),
                 "running": counts.get("running", 0) + counts.get("delivered", 0),
@@ -92,13 +108,15 @@ async def list_clusters(request: web.Request) -> web.Response:
     await require_admin(request)
     context = request.app[CONTEXT]
     clusters = await context.store.list_clusters()
-    return json_response([_cluster_view(context, cluster) for cluster in clusters])
+    owners = await context.replicas.owners()
+    return json_response([_cluster_view(context, cluster, owners) for cluster in clusters])
 
 
 async def get_cluster(request: web.Request) -> web.Response:
     await require_admin(request)
     context = request.app[CONTEXT]
-    return json_response(_cluster_view(context, await _cluster(request)))
+    cluster = await _cluster(request)
+    return json_response(_cluster_view(context, cluster, await context.replicas.owners()))
 
 
 async def add_cluster(request: web.Request) -> web.Response:
@@ -116,7 +134,8 @@ async def add_cluster(request: web.Request) -> web.Response:
     logger.info("cluster registered by %s", user.name, extra={"cluster": name})
     await context.audit.admin_action(user.name, "cluster.add", name, cluster=name)
     install = await _issue_bootstrap(context, cluster)
-    return json_response({"cluster": _cluster_view(context, cluster), **install}, status=201)
+    view = _cluster_view(context, cluster, {})
+    return json_response({"cluster": view, **install}, status=201)
 
 
 def _namespaces(value: Any, rbac: str) -> tuple[str, ...]:
@@ -209,13 +228,20 @@ def _valid_name(name: str) -> str:
         raise BadRequestError(str(exc), code="invalid_name") from exc
 
 
-def _cluster_view(context: ServerContext, cluster: Cluster) -> dict[str, Any]:
+def _cluster_view(
+    context: ServerContext, cluster: Cluster, owners: Mapping[str, SessionOwner]
+) -> dict[str, Any]:
+    """The cluster as the API shows it; ``owners``: which replica holds each agent's
+    session (empty on a replica alone)."""
+    owner = owners.get(cluster.name)
     view: dict[str, Any] = {
         "name": cluster.name,
-        "connected": False,
+        "connected": owner is not None,
+        # The replica that holds the agent's socket (this one's name when alone).
+        "replica": None if owner is None else owner.replica,
         "agent_version": cluster.agent_version,
         "remote_addr": cluster.remote_addr,
-        "connected_since": None,
+        "connected_since": None if owner is None else timestamp(cluster.connected_since),
         "last_seen": timestamp(cluster.last_seen),
         "rbac": cluster.rbac,
         "namespaces": list(cluster.namespaces),
@@ -226,6 +252,7 @@ def _cluster_view(context: ServerContext, cluster: Cluster) -> dict[str, Any]:
         # Connected: what the live session knows is newer than the store's record.
         view.update(
             connected=True,
+            replica=context.replicas.name,
             agent_version=agent.agent_version,
             remote_addr=agent.remote_addr,
             connected_since=timestamp(agent.connected_since),

@@ -7,6 +7,7 @@ import base64
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -31,7 +32,16 @@ from tunnel_server.proxy.identity import GROUP_TARGET, IDENTITY_PREFIX
 from tunnel_server.statedir import new_token
 from tunnel_server.store.base import AuditEvent, Grant, User, hash_token
 
-__all__ = ["setup_user_api", "validate_principal"]
+__all__ = [
+    "Recheck",
+    "apply_grant",
+    "create_user",
+    "issue_kubeconfig",
+    "remove_grant",
+    "revoke_tokens",
+    "setup_user_api",
+    "validate_principal",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -96,12 +106,9 @@ async def add_user(request: web.Request) -> web.Response:
     ttl = body.get("token_ttl")
     if ttl is not None and not isinstance(ttl, str):
         raise BadRequestError("token_ttl must be a duration such as 8h or 30d")
-    expires_at = _token_expiry(context, ttl)
-    now = utcnow()
-    await confirm(request, admin)
-    user = await context.store.add_user(name, groups, is_admin, now)
-    token = await _issue_token(request, admin, name, expires_at)
-    await context.audit.admin_action(admin.name, "user.add", name)
+    user, token, expires_at = await create_user(
+        context, admin, _confirmer(request, admin), name, groups, is_admin=is_admin, ttl=ttl
+    )
     return json_response(
         {"user": _user_view(user), "token": token, "expires_at": timestamp(expires_at)},
         status=201,
@@ -122,9 +129,7 @@ async def revoke_user_tokens(request: web.Request) -> web.Response:
     admin = await require_admin(request)
     context = request.app[CONTEXT]
     name = request.match_info["user"]
-    await context.store.get_user(name)
-    count = await context.store.revoke_api_tokens(name)
-    ended = await _access_changed(context, admin.name, "user.revoke-tokens", name, user=name)
+    count, ended = await revoke_tokens(context, admin, name)
     return json_response({"user": name, "revoked": count, "ended_requests": ended})
 
 
@@ -139,7 +144,7 @@ async def new_user_token(request: web.Request) -> web.Response:
         await context.store.revoke_api_tokens(name)
         # At once, not after the new token is stored; live requests on the old ones end.
         ended = await _access_changed(context, admin.name, "user.revoke-tokens", name, user=name)
-    token = await _issue_token(request, admin, name, expires_at)
+    token = await _issue_token(context, _confirmer(request, admin), name, expires_at)
     await context.audit.admin_action(admin.name, "user.token", name)
     return json_response(
         {
@@ -155,34 +160,16 @@ async def new_user_token(request: web.Request) -> web.Response:
 async def new_kubeconfig(request: web.Request) -> web.Response:
     """A kubeconfig for a cluster, carrying a new API token of the user."""
     caller = await authenticate(request)
-    context = request.app[CONTEXT]
-    name = request.match_info["user"]
-    if name != caller.name and not caller.is_admin:
-        raise ForbiddenError("only an admin can make a kubeconfig for another user")
-    cluster = request.query.get("cluster", "")
-    # A user's own token lives no longer than the one that asked for it: an
-    # expiring token cannot be traded for one that lives on.
-    cap = None if caller.is_admin else await _expiry_of_callers_token(request, caller)
-    expires_at = _token_expiry(context, request.query.get("ttl"), cap=cap)
-    # A non-admin asks for itself (above): the grant it needs is the one the kubeconfig uses.
-    grant = await context.access.grant(name, cluster)
-    if not caller.is_admin and grant is None:
-        # Which clusters exist is for admins to know: without a grant, one answer for all.
-        raise ForbiddenError(
-            f"user {caller.name} has no grant on cluster {cluster[:63]!r}", code="not_granted"
-        )
-    await context.store.get_cluster(cluster)
-    user = await context.store.get_user(name)
-    token = await _issue_token(request, caller, user.name, expires_at)
-    await context.audit.admin_action(caller.name, "kubeconfig", f"{name}@{cluster}")
-    return json_response(
-        {
-            "kubeconfig": render_kubeconfig(context, cluster, user.name, token),
-            "granted": grant is not None,
-            "expires_at": timestamp(expires_at),
-        },
-        status=201,
+    answer = await issue_kubeconfig(
+        request.app[CONTEXT],
+        caller,
+        _confirmer(request, caller),
+        hash_token(bearer_token(request)),
+        name=request.match_info["user"],
+        cluster=request.query.get("cluster", ""),
+        ttl=request.query.get("ttl"),
     )
+    return json_response(answer, status=201)
 
 
 async def list_grants(request: web.Request) -> web.Response:
@@ -202,9 +189,11 @@ async def set_grant(request: web.Request) -> web.Response:
     await context.store.get_user(user)
     await context.store.get_cluster(cluster)
     await confirm(request, admin)
-    flags = {key: body.get(key, False) for key in ("commands", "impersonate")}
+    flags = {key: body.get(key, False) for key in ("commands", "impersonate", "commands_as_agent")}
     if not all(isinstance(value, bool) for value in flags.values()):
-        raise BadRequestError("commands and impersonate must be true or false")
+        raise BadRequestError("commands, impersonate and commands_as_agent must be true or false")
+    if flags["commands_as_agent"] and not flags["commands"]:
+        raise BadRequestError("commands_as_agent needs commands: true")
     targets = _impersonate_targets(body.get("impersonate_targets", []))
     if targets and not flags["impersonate"]:
         raise BadRequestError("impersonate_targets need impersonate: true")
@@ -215,11 +204,9 @@ async def set_grant(request: web.Request) -> web.Response:
         commands=flags["commands"],
         impersonate=flags["impersonate"],
         impersonate_targets=targets,
+        commands_as_agent=flags["commands_as_agent"],
     )
-    await context.store.set_grant(grant)
-    # A changed grant may change the identity the cluster sees: requests made as the old one end.
-    target = f"{user}@{cluster}"
-    ended = await _access_changed(context, admin.name, "grant", target, user=user, cluster=cluster)
+    ended = await apply_grant(context, admin, grant)
     return json_response({**_grant_view(grant), "ended_requests": ended})
 
 
@@ -227,11 +214,7 @@ async def delete_grant(request: web.Request) -> web.Response:
     admin = await require_admin(request)
     context = request.app[CONTEXT]
     user, cluster = request.match_info["user"], request.match_info["cluster"]
-    await context.store.delete_grant(user, cluster)
-    target = f"{user}@{cluster}"
-    ended = await _access_changed(
-        context, admin.name, "ungrant", target, user=user, cluster=cluster
-    )
+    ended = await remove_grant(context, admin, user, cluster)
     return json_response({"deleted": {"user": user, "cluster": cluster}, "ended_requests": ended})
 
 
@@ -354,10 +337,11 @@ def _lifetime(ttl: str, longest: timedelta | None) -> timedelta:
     return lifetime
 
 
-async def _expiry_of_callers_token(request: web.Request, caller: User) -> datetime | None:
-    """When the API token the request carries expires (None: never); 401 if it is gone."""
-    token_hash = hash_token(bearer_token(request))
-    for token in await request.app[CONTEXT].store.list_api_tokens(caller.name):
+async def _expiry_of_callers_token(
+    context: ServerContext, caller: User, token_hash: str
+) -> datetime | None:
+    """When the caller's API token with this hash expires (None: never); 401 if it is gone."""
+    for token in await context.store.list_api_tokens(caller.name):
         if token.token_hash == token_hash:
             return token.expires_at
     # Revoked since the request came: its absence must not read as "never expires".
@@ -365,20 +349,19 @@ async def _expiry_of_callers_token(request: web.Request, caller: User) -> dateti
 
 
 async def _issue_token(
-    request: web.Request, caller: User, user: str, expires_at: datetime | None
+    context: ServerContext, recheck: Recheck, user: str, expires_at: datetime | None
 ) -> str:
     """A new API token of ``user``, refused from ``expires_at`` on (None: never).
 
-    Made on ``caller``'s word, which is checked again after the token is
+    Made on a caller's word, which ``recheck`` checks again after the token is
     stored: a token minted while the caller's was being revoked goes with it.
     """
-    context = request.app[CONTEXT]
     token = new_token("tat")
     token_hash = hash_token(token)
     await context.store.add_api_token(token_hash, user, utcnow(), expires_at)
     context.access.invalidate()
     try:
-        await confirm(request, caller)
+        await recheck()
     except ApiError:
         await context.store.delete_api_token(token_hash)  # never handed out, never cached
         raise
@@ -450,6 +433,8 @@ def _grant_view(grant: Grant) -> dict[str, Any]:
         "impersonate": grant.impersonate,
         # Empty with impersonate: anyone under tunnel:.
         "impersonate_targets": list(grant.impersonate_targets),
+        # Commands act as the agent, not as tunnel:<user>.
+        "commands_as_agent": grant.commands_as_agent,
     }
 
 
@@ -467,4 +452,123 @@ def _audit_view(event: AuditEvent) -> dict[str, Any]:
         "bytes_out": event.bytes_out,
         "duration_ms": event.duration_ms,
         "detail": event.detail,
+    }
+
+
+# --- Actions the REST API and the console share -------------------------------------
+#
+# The REST handlers above read a request and call these; the console
+# (tunnel_server/console/) calls the same, so that one place decides what an
+# action needs and what it records. Who may act is checked by the caller
+# (require_admin, or the console's session); ``recheck`` checks that caller again
+# just before a change is made on its word.
+
+Recheck = Callable[[], Awaitable[None]]
+"""Checks the caller again (a token revoked, an admin demoted meanwhile), raising ApiError."""
+
+
+def _confirmer(request: web.Request, caller: User) -> Recheck:
+    """The REST API's :data:`Recheck`: the request's bearer token, asked afresh."""
+
+    async def recheck() -> None:
+        await confirm(request, caller)
+
+    return recheck
+
+
+async def create_user(
+    context: ServerContext,
+    admin: User,
+    recheck: Recheck,
+    name: str,
+    groups: tuple[str, ...],
+    *,
+    is_admin: bool,
+    ttl: str | None,
+) -> tuple[User, str, datetime | None]:
+    """Add a user with a first API token (``ttl``: its lifetime, None for the longest);
+    return the user, the token and when it expires. Audited as ``user.add``."""
+    name = validate_principal(name, "user name")
+    expires_at = _token_expiry(context, ttl)
+    await recheck()
+    user = await context.store.add_user(name, groups, is_admin, utcnow())
+    token = await _issue_token(context, recheck, name, expires_at)
+    await context.audit.admin_action(admin.name, "user.add", name)
+    return user, token, expires_at
+
+
+async def revoke_tokens(context: ServerContext, admin: User, name: str) -> tuple[int, int]:
+    """Revoke every API token of user ``name``; (tokens revoked, live requests ended).
+    Audited as ``user.revoke-tokens``."""
+    await context.store.get_user(name)
+    count = await context.store.revoke_api_tokens(name)
+    ended = await _access_changed(context, admin.name, "user.revoke-tokens", name, user=name)
+    return count, ended
+
+
+async def remove_grant(context: ServerContext, admin: User, user: str, cluster: str) -> int:
+    """Remove ``user``'s grant on ``cluster``; the live requests it ended. Audited as
+    ``ungrant``."""
+    await context.store.delete_grant(user, cluster)
+    target = f"{user}@{cluster}"
+    return await _access_changed(context, admin.name, "ungrant", target, user=user, cluster=cluster)
+
+
+async def apply_grant(context: ServerContext, admin: User, grant: Grant) -> int:
+    """Create or replace a grant; the live requests the change ended. Audited as ``grant``
+    (and ``grant.commands-as-agent`` for a grant whose commands act as the agent)."""
+    await context.store.set_grant(grant)
+    if grant.commands_as_agent:
+        # On the record by name: this user's commands act with the agent's identity.
+        await context.audit.admin_action(
+            admin.name, "grant.commands-as-agent", f"{grant.user}@{grant.cluster}", grant.cluster
+        )
+    # A changed grant may change the identity the cluster sees: requests made as the old one end.
+    target = f"{grant.user}@{grant.cluster}"
+    return await _access_changed(
+        context, admin.name, "grant", target, user=grant.user, cluster=grant.cluster
+    )
+
+
+async def issue_kubeconfig(
+    context: ServerContext,
+    caller: User,
+    recheck: Recheck,
+    caller_token_hash: str,
+    *,
+    name: str,
+    cluster: str,
+    ttl: str | None,
+) -> dict[str, Any]:
+    """A kubeconfig of user ``name`` for ``cluster``, with a new API token of theirs.
+
+    An admin may make one for anyone; a user only for themselves, on a cluster
+    they have a grant on, with a token that lives no longer than the caller's
+    (the one with ``caller_token_hash``). Audited as ``kubeconfig``.
+    """
+    if name != caller.name and not caller.is_admin:
+        raise ForbiddenError("only an admin can make a kubeconfig for another user")
+    # A user's own token lives no longer than the one that asked for it: an
+    # expiring token cannot be traded for one that lives on.
+    cap = (
+        None
+        if caller.is_admin
+        else await _expiry_of_callers_token(context, caller, caller_token_hash)
+    )
+    expires_at = _token_expiry(context, ttl, cap=cap)
+    # A non-admin asks for itself (above): the grant it needs is the one the kubeconfig uses.
+    grant = await context.access.grant(name, cluster)
+    if not caller.is_admin and grant is None:
+        # Which clusters exist is for admins to know: without a grant, one answer for all.
+        raise ForbiddenError(
+            f"user {caller.name} has no grant on cluster {cluster[:63]!r}", code="not_granted"
+        )
+    await context.store.get_cluster(cluster)
+    user = await context.store.get_user(name)
+    token = await _issue_token(context, recheck, user.name, expires_at)
+    await context.audit.admin_action(caller.name, "kubeconfig", f"{name}@{cluster}")
+    return {
+        "kubeconfig": render_kubeconfig(context, cluster, user.name, token),
+        "granted": grant is not None,
+        "expires_at": timestamp(expires_at),
     }

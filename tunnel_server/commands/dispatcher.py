@@ -18,7 +18,7 @@ import logging
 import uuid
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,9 +30,10 @@ from tunnel_server.access.cache import AccessCache
 from tunnel_server.agents.registry import AgentConnection, AgentRegistry
 from tunnel_server.audit import AuditWriter
 from tunnel_server.clock import utcnow
+from tunnel_server.commands.specs import command_identity
 from tunnel_server.config import CommandSettings
 from tunnel_server.metrics import ServerMetrics
-from tunnel_server.store.base import AuditEvent, NotFoundError, Store
+from tunnel_server.store.base import AuditEvent, NotFoundError, Store, StoreError
 from tunnel_server.store.commands import CommandRecord, LapsedLease, NewCommand
 
 __all__ = ["CommandDispatcher"]
@@ -83,6 +84,10 @@ class CommandDispatcher:
         self.report_buffered: Counter[str] = Counter()
         #: Command logs followed now, by user (the API bounds them).
         self.follows: Counter[str] = Counter()
+        #: Offers in progress, by command: set once the acceptance is recorded.
+        self._offering: dict[str, asyncio.Event] = {}
+        #: Whether another replica holds a cluster's agent (None: this server is alone).
+        self.held_elsewhere: Callable[[str], Awaitable[bool]] | None = None
 
     # ------------------------------------------------------------- lifecycle
 
@@ -151,6 +156,19 @@ class CommandDispatcher:
                 self._dispatch_forever(cluster, event), name=f"dispatch {cluster}"
             )
         event.set()
+
+    async def heard_change(
+        self, cluster: str, command_id: str, state: str | None, cancel: bool
+    ) -> None:
+        """Another replica changed a command (submitted, requeued, cancelled, logged):
+        wake its followers here, and act if this replica holds its cluster's agent."""
+        self._changed(command_id)
+        if self.registry.get(cluster) is None:
+            return
+        if state == "pending":
+            self.kick(cluster)
+        elif cancel and state in ("delivered", "running"):
+            self._send_cancel(await self.store.get_command(command_id))
 
     def change_of(self, command_id: str) -> asyncio.Event:
         """An event set at the command's next change (state or log).
@@ -227,8 +245,19 @@ class CommandDispatcher:
 
     async def _offer(self, agent: AgentConnection, record: CommandRecord) -> bool:
         """Offer one command; False when the agent cannot take more now."""
-        if not await self._still_allowed(record):
+        identity = await self._still_allowed(record)
+        if identity is None:
             return True
+        offered = self._offering[record.id] = asyncio.Event()
+        try:
+            return await self._offer_attempt(agent, record, identity)
+        finally:
+            offered.set()
+            del self._offering[record.id]
+
+    async def _offer_attempt(
+        self, agent: AgentConnection, record: CommandRecord, identity: dict[str, Any]
+    ) -> bool:
         attempt = record.attempt + 1
         headers = {"id": record.id, "attempt": attempt, "type": record.type, "name": record.name}
         try:
@@ -237,7 +266,15 @@ class CommandDispatcher:
             return False
         try:
             await stream.write(
-                encode_record({"spec": record.spec, "timeout_seconds": record.timeout_seconds})
+                # The identity rides with the offer, decided now by the submitter's
+                # grant; the agent takes it from nowhere else (docs/security.md, "Commands").
+                encode_record(
+                    {
+                        "spec": record.spec,
+                        "timeout_seconds": record.timeout_seconds,
+                        "identity": identity,
+                    }
+                )
             )
             stream.end()
             answer = await asyncio.wait_for(_first_record(stream), self.settings.offer_timeout)
@@ -255,13 +292,13 @@ class CommandDispatcher:
         reason = str(answer.get("reason", ""))[:500]
         if answer.get("accepted") is True or reason == "duplicate":
             delivered = await self.store.mark_delivered(record.id, attempt, now, lease)
-            if delivered is None:
+            if delivered is None and not await self._adopted(record.id, attempt):
                 # Cancelled (or otherwise moved on) while the agent was
                 # accepting: it holds an attempt nobody wants any more.
                 _cancel_attempt(agent, record.id, attempt)
             else:
                 self._changed(record.id)
-                if delivered.cancel_requested:
+                if delivered is not None and delivered.cancel_requested:
                     self._send_cancel(delivered)
             return True
         if reason == "busy":
@@ -277,8 +314,14 @@ class CommandDispatcher:
         self._changed(record.id)
         return True
 
-    async def _still_allowed(self, record: CommandRecord) -> bool:
-        """Whether the submitter may still send this command; if not, it is withdrawn.
+    async def _adopted(self, command_id: str, attempt: int) -> bool:
+        """Whether the agent's report already recorded ``attempt`` as delivered (its
+        acceptance of an earlier offer of the same attempt reached another replica)."""
+        current = await self.store.get_command(command_id)
+        return current.attempt == attempt and current.state in ("delivered", "running")
+
+    async def _still_allowed(self, record: CommandRecord) -> dict[str, Any] | None:
+        """Whom the command acts as, if the submitter may still send it; if not, it is withdrawn.
 
         Access is checked at submission, but a command may wait for its agent
         for days: a user deleted, or a grant taken away, meanwhile stops it.
@@ -286,7 +329,7 @@ class CommandDispatcher:
         """
         user = await self.access.user_named(record.submitter)
         if user is not None and await self.access.may_dispatch(user, record.cluster):
-            return True
+            return command_identity(user, await self.access.grant(user.name, record.cluster))
         why = (
             f"cancelled before delivery: {record.submitter} may no longer send commands"
             f" to {record.cluster} (the user was deleted or the grant withdrawn)"
@@ -299,12 +342,25 @@ class CommandDispatcher:
             )
             await self._audit(withdrawn, "finish", withdrawn.submitter)
             self._changed(record.id)
-        return False
+        return None
 
     # --------------------------------------------------------------- reports
 
     async def handle_report(self, cluster: str, stream: MuxStream) -> None:
-        """Serve one ``command.report`` stream of ``cluster``'s agent."""
+        """Serve one ``command.report`` stream of ``cluster``'s agent.
+
+        When the store cannot record what the report says, the stream is reset
+        and the agent, which keeps its report until acknowledged, makes it again.
+        """
+        try:
+            await self._handle_report(cluster, stream)
+        except StoreError as exc:
+            logger.warning(
+                "cannot record a command report now: %s", exc, extra={"cluster": cluster}
+            )
+            stream.reset(reason="the server cannot record the report now; report again")
+
+    async def _handle_report(self, cluster: str, stream: MuxStream) -> None:
         command_id = stream.headers.get("id")
         attempt = stream.headers.get("attempt")
         if not isinstance(command_id, str) or type(attempt) is not int:
@@ -350,7 +406,22 @@ class CommandDispatcher:
         now = utcnow()
         lease = now + timedelta(seconds=self.settings.lease)
         if kind in ("started", "resume"):
+            offered = self._offering.get(record.id)
+            if offered is not None:
+                # The agent may start before its acceptance is recorded: with a pool of
+                # connections (PostgreSQL) the two writes would race.
+                await offered.wait()
             running = await self.store.mark_running(record.id, attempt, now, lease)
+            if running is None and await self.store.mark_delivered(record.id, attempt, now, lease):
+                # The agent accepted this attempt, but the replica that offered it
+                # stopped before recording the delivery: the agent's journal is proof.
+                logger.info(
+                    "adopted attempt %d of %s, accepted by the agent but never recorded",
+                    attempt,
+                    record.id,
+                    extra={"cluster": record.cluster, "command": record.id},
+                )
+                running = await self.store.mark_running(record.id, attempt, now, lease)
             if running is None:
                 await _reply(stream, {"stale": "this attempt is no longer current"})
                 return False
@@ -430,6 +501,9 @@ class CommandDispatcher:
         its agents).
         """
         clusters = await self.store.lapsed_lease_clusters(now)
+        if self.held_elsewhere is not None:
+            # Another replica holds the agent: that replica judges its leases.
+            clusters = [name for name in clusters if not await self.held_elsewhere(name)]
         if not clusters:
             return []
         settled_since = now - timedelta(seconds=self.settings.lease)

@@ -15,6 +15,7 @@ __all__ = ["register"]
 CLUSTER_COLUMNS = [
     ("NAME", "name"),
     ("CONNECTED", "connected"),
+    ("REPLICA", "replica"),
     ("AGENT", "agent_version"),
     ("REMOTE", "remote_addr"),
     ("CONNECTED SINCE", "connected_since"),
@@ -147,4 +148,14 @@ def show_status(client: ApiClient, args: argparse.Namespace) -> int:
         f"last 24h: {commands['succeeded_24h']} succeeded, {commands['failed_24h']} failed, "
         f"{commands['cancelled_24h']} cancelled"
     )
+    replicas = status.get("replicas", [])
+    print(f"replicas     {len(replicas)} (this answer from {status.get('replica', '?')})")
+    for replica in replicas:
+        health = (
+            "draining" if replica["draining"] else "healthy" if replica["healthy"] else "silent"
+        )
+        print(
+            f"  {replica['name']:<16} {health:<9} {replica['agents']:>6} agents  "
+            f"{replica['address']}  {replica['version']}"
+        )
     return 0

@@ -44,6 +44,9 @@ class ProxyExchange:
     #: Who the cluster was told the caller is, as JSON for the audit event
     #: (:func:`~tunnel_server.proxy.credential.recorded_identity`); empty until decided.
     identity: str
+    #: The replica that held the cluster's agent and served the request, when it was
+    #: forwarded to another; empty when this one served it.
+    served_by: str
 
     def __init__(self, cluster: str, method: str) -> None:
         self.cluster = cluster
@@ -58,6 +61,7 @@ class ProxyExchange:
         self.ended = ""
         self.stream = None
         self.identity = ""
+        self.served_by = ""
 
     def refused(self, refusal: ProxyRefusal) -> None:
         """The request is answered with ``refusal``'s status: both go in its audit event."""

@@ -28,7 +28,7 @@ from protocol import kinds
 from protocol.errors import HeaderTooLargeError, LocalProtocolError
 from protocol.http import RequestHead, ResponseHead
 from tunnel_kube import UNPLAIN_PATH, is_plain_path, parse_api_request
-from tunnel_mux import MuxStream, SessionError
+from tunnel_mux import MuxStream, Session, SessionError
 from tunnel_server.access.auth import parse_bearer
 from tunnel_server.context import ServerContext
 from tunnel_server.errors import UnauthorizedError
@@ -37,6 +37,8 @@ from tunnel_server.proxy.credential import Credential, recorded_identity
 from tunnel_server.proxy.exchange import ProxyExchange
 from tunnel_server.proxy.identity import forwarded_headers
 from tunnel_server.proxy.refusal import ProxyRefusal, offline_refusal
+from tunnel_server.replicas.links import LinkError
+from tunnel_server.replicas.relay import CLUSTER_HEADER
 from tunnel_server.store.base import Grant, ProxyAuditRecord, StoreError, User, hash_token
 
 __all__ = ["HEAD_WITH_BODY", "CallerMemo", "ProxiedRequest", "cluster_of", "upstream_path"]
@@ -187,15 +189,17 @@ class ProxiedRequest:
                 f"user {credential.user} has {most} requests in progress on cluster {cluster}, "
                 "the most one user may have; end some (watches, logs -f, exec, port-forward)",
             )
-        agent = context.registry.get(cluster)
-        if agent is None:
-            # Fail fast: no waiting for an agent that may never come.
-            raise offline_refusal(cluster, context.registry.offline_for(cluster))
         head = RequestHead(exchange.method, path, forwarded, upgrade is not None)
+        open_headers = head.to_open_headers()
+        agent = context.registry.get(cluster)
+        if agent is not None:
+            session = agent.session
+        else:
+            # Held by another replica, or offline: fail fast, no waiting for an agent.
+            session = await self._owner_link(cluster)
+            open_headers[CLUSTER_HEADER] = cluster
         try:
-            stream = agent.session.open_stream(
-                kinds.STREAM_HTTP, head.to_open_headers(), end_stream=not has_body
-            )
+            stream = session.open_stream(kinds.STREAM_HTTP, open_headers, end_stream=not has_body)
         except HeaderTooLargeError as exc:
             # Not worth a retry: the same request is as large the next time.
             raise ProxyRefusal(
@@ -211,11 +215,42 @@ class ProxiedRequest:
         self.stream = stream
         # In a burst of requests, the agent starts on the first while the rest are read.
         try:
-            await agent.session.send_if_due()
+            await session.send_if_due()
         except BaseException:
             stream.reset()  # the caller never gets it: cancelled, it must not stay open
             raise
         return stream
+
+    async def _owner_link(self, cluster: str) -> Session:
+        """The link to the replica that holds ``cluster``'s agent, or the refusal."""
+        context = self.context
+        links = context.links
+        if links is None:
+            raise offline_refusal(cluster, context.registry.offline_for(cluster))
+        try:
+            owner = await context.replicas.owner(cluster)
+        except StoreError as exc:
+            logger.warning("cannot find where a cluster is served: %s", exc)
+            raise ProxyRefusal(
+                503,
+                "ServiceUnavailable",
+                f"the server cannot find where cluster {cluster} is served now; retry shortly",
+            ) from exc
+        if owner is None:
+            raise offline_refusal(cluster, context.registry.offline_for(cluster))
+        try:
+            session = await links.session_to(owner)
+        except LinkError as exc:
+            context.replicas.forget_owner(cluster)
+            logger.warning("%s", exc, extra={"cluster": cluster})
+            raise ProxyRefusal(
+                503,
+                "ServiceUnavailable",
+                f"cluster {cluster}'s agent is on server replica {owner.replica}, which cannot "
+                "be reached now; its agent moves to another replica on its own: retry shortly",
+            ) from exc
+        self.exchange.served_by = owner.replica
+        return session
 
     async def _authorize(
         self, headers: Iterable[tuple[str, str]]
@@ -324,6 +359,7 @@ class ProxiedRequest:
                     round(elapsed * 1000),
                     exchange.ended,
                     exchange.identity,
+                    context.replicas.record_of(exchange.served_by),
                 )
             )
 

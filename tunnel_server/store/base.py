@@ -38,6 +38,7 @@ from typing import Any, Literal, NamedTuple
 
 from protocol.errors import TunnelError
 from tunnel_server.store.commands import PRUNE_BATCH, CommandStore
+from tunnel_server.store.console import AuditQuery, ConsoleSession
 
 __all__ = [
     "AUDIT_KINDS",
@@ -170,6 +171,8 @@ class Grant:
     commands: bool = False
     impersonate: bool = False
     impersonate_targets: tuple[str, ...] = ()
+    #: The user's commands act as the agent, not as ``tunnel:<user>`` (an admin's choice).
+    commands_as_agent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +225,10 @@ class ProxyAuditRecord(NamedTuple):
     #: The identity sent to the cluster, a JSON object, or empty (refused before it was
     #: decided).
     identity: str = ""
+    #: Among replicas sharing a database: which received the request and which served
+    #: it (the one holding the cluster's agent), a JSON object ``{"received": ...,
+    #: "served": ...}`` recorded as ``"replica"`` in the detail; empty on one replica.
+    replicas: str = ""
 
 
 # --- Errors -------------------------------------------------------------------
@@ -562,3 +569,30 @@ class Store(CommandStore):
         Returns how many it deleted (retention): fewer than ``limit`` means
         none older is left.
         """
+
+    # --- console (tunnel_server/store/console.py) ---
+
+    @abc.abstractmethod
+    async def add_console_session(self, session: ConsoleSession) -> None:
+        """Keep a new console session; those expired by its ``created_at`` are forgotten.
+
+        Raises :class:`NotFoundError` when its user or token no longer exists.
+        """
+
+    @abc.abstractmethod
+    async def get_console_session(self, session_hash: str, now: datetime) -> ConsoleSession | None:
+        """The console session with this hash, or None (also once it expired at ``now``)."""
+
+    @abc.abstractmethod
+    async def delete_console_session(self, session_hash: str) -> bool:
+        """End the console session with this hash; False if there was none."""
+
+    @abc.abstractmethod
+    async def active_command_counts(self) -> dict[str, dict[str, int]]:
+        """For each cluster that has any: how many of its commands are pending, delivered
+        or running, by state (the states present)."""
+
+    @abc.abstractmethod
+    async def search_audit(self, query: AuditQuery) -> list[AuditEvent]:
+        """Events matching every filter of ``query``, newest first, at most its limit
+        (capped at :data:`~tunnel_server.store.console.MAX_AUDIT_SEARCH`)."""

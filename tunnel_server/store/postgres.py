@@ -19,6 +19,7 @@ password. Schema: ``postgres_schema``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -30,7 +31,9 @@ from asyncpg import Record
 
 from tunnel_server.store import postgres_audit as audit_ops
 from tunnel_server.store import postgres_commands as cmd_ops
+from tunnel_server.store import postgres_console as console_ops
 from tunnel_server.store import postgres_ops as ops
+from tunnel_server.store import postgres_replicas as replica_ops
 from tunnel_server.store import postgres_schema
 from tunnel_server.store.base import (
     ApiToken,
@@ -55,6 +58,7 @@ from tunnel_server.store.commands import (
     LapsedLease,
     NewCommand,
 )
+from tunnel_server.store.console import AuditQuery, ConsoleSession
 from tunnel_server.store.postgres_errors import (
     CANNOT_WRITE,
     RETRY_STATES,
@@ -62,7 +66,9 @@ from tunnel_server.store.postgres_errors import (
     redact_url,
     translate,
 )
+from tunnel_server.store.postgres_listener import listening
 from tunnel_server.store.postgres_schema import Connection
+from tunnel_server.store.replicas import ReplicaRecord, ReplicaStore, SessionOwner, StoreEvent
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
@@ -97,12 +103,16 @@ RETRIES = 3
 """Attempts of an operation the server aborted for a deadlock or a serialization failure."""
 
 
-class PostgresStore(Store):
-    """A :class:`Store` in a PostgreSQL database. Create it with :meth:`open`."""
+class PostgresStore(Store, ReplicaStore):
+    """A :class:`Store` in a PostgreSQL database, which replicas share
+    (:class:`ReplicaStore`). Create it with :meth:`open`."""
 
-    def __init__(self, pool: asyncpg.Pool[Record], where: str, acquire_timeout: float) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool[Record], where: str, acquire_timeout: float, url: str = ""
+    ) -> None:
         """Use :meth:`open`; this adopts a pool whose database is migrated."""
         self._pool = pool
+        self._url = url  # for the listener's own connection; never logged
         self._where = where
         self._acquire_timeout = acquire_timeout
         self._closed = False
@@ -159,7 +169,7 @@ class PostgresStore(Store):
             ) from exc
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             raise translate(exc, where, opening=True) from exc
-        store = cls(pool, where, acquire_timeout)
+        store = cls(pool, where, acquire_timeout, url)
         try:
             await store._run(postgres_schema.migrate, postgres_schema.MIGRATIONS)
         except BaseException:
@@ -380,6 +390,23 @@ class PostgresStore(Store):
     async def delete_audit_before(self, time: datetime, limit: int = PRUNE_BATCH) -> int:
         return await self._run(audit_ops.delete_audit_before, time, limit)
 
+    # --- console ---
+
+    async def add_console_session(self, session: ConsoleSession) -> None:
+        await self._run(console_ops.add_console_session, session)
+
+    async def get_console_session(self, session_hash: str, now: datetime) -> ConsoleSession | None:
+        return await self._run(console_ops.get_console_session, session_hash, now)
+
+    async def delete_console_session(self, session_hash: str) -> bool:
+        return await self._run(console_ops.delete_console_session, session_hash)
+
+    async def active_command_counts(self) -> dict[str, dict[str, int]]:
+        return await self._run(console_ops.active_command_counts)
+
+    async def search_audit(self, query: AuditQuery) -> list[AuditEvent]:
+        return await self._run(console_ops.search_audit, query)
+
     # --- commands ---
 
     async def add_command(
@@ -464,3 +491,50 @@ class PostgresStore(Store):
         self, command_id: str, after: int = 0, limit: int = 1000
     ) -> list[CommandLogLine]:
         return await self._run(cmd_ops.command_log, command_id, after, limit)
+
+    # --- replicas ---
+
+    async def join_replica(
+        self, name: str, address: str, version: str, now: datetime, lease_until: datetime
+    ) -> int:
+        return await self._run(replica_ops.join_replica, name, address, version, now, lease_until)
+
+    async def leave_replica(self, name: str) -> None:
+        await self._run(replica_ops.leave_replica, name)
+
+    async def mark_draining(self, name: str) -> None:
+        await self._run(replica_ops.mark_draining, name)
+
+    async def claim_session(
+        self, cluster: str, replica: str, now: datetime, lease_until: datetime
+    ) -> tuple[int, str | None]:
+        return await self._run(replica_ops.claim_session, cluster, replica, now, lease_until)
+
+    async def release_session(self, cluster: str, replica: str, epoch: int) -> bool:
+        return await self._run(replica_ops.release_session, cluster, replica, epoch)
+
+    async def renew_sessions(
+        self,
+        replica: str,
+        epochs: Mapping[str, int],
+        agents: int,
+        now: datetime,
+        lease_until: datetime,
+    ) -> set[str]:
+        return await self._run(
+            replica_ops.renew_sessions, replica, dict(epochs), agents, now, lease_until
+        )
+
+    async def session_owner(self, cluster: str, now: datetime) -> SessionOwner | None:
+        return await self._run(replica_ops.session_owner, cluster, now)
+
+    async def session_owners(self, now: datetime) -> dict[str, SessionOwner]:
+        return await self._run(replica_ops.session_owners, now)
+
+    async def list_replicas(self) -> list[ReplicaRecord]:
+        return await self._run(replica_ops.list_replicas)
+
+    def listen(
+        self, on_event: Callable[[StoreEvent], None]
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        return listening(self._url, self._where, on_event)

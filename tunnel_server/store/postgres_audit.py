@@ -73,8 +73,8 @@ async def add_audit_events(db: Connection, events: Sequence[AuditEvent]) -> int:
     return len(rows)
 
 
-# The time is microseconds after the epoch; the detail holds "ended" and "as" where
-# they are not empty, else it is the empty object. WITH ORDINALITY keeps the batch's
+# The time is microseconds after the epoch; the detail holds "ended", "as" and
+# "replica" where they are not empty, else it is the empty object. WITH ORDINALITY keeps the batch's
 # order in the ids the rows are given.
 _INSERT_PROXY_AUDIT = """
     INSERT INTO audit (time, user_name, cluster, kind, verb, path, status,
@@ -87,11 +87,13 @@ _INSERT_PROXY_AUDIT = """
                      ELSE jsonb_build_object('ended', r.ended) END
                 WHEN r.ended = '' THEN jsonb_build_object('as', r.identity::jsonb)
                 ELSE jsonb_build_object('ended', r.ended, 'as', r.identity::jsonb) END
+           || CASE WHEN r.replicas = '' THEN '{}'::jsonb
+                   ELSE jsonb_build_object('replica', r.replicas::jsonb) END
     FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[],
                 $6::integer[], $7::bigint[], $8::bigint[], $9::bigint[], $10::text[],
-                $11::text[])
+                $11::text[], $12::text[])
          WITH ORDINALITY AS r (time_us, user_name, cluster, verb, path, status,
-                               bytes_in, bytes_out, duration_ms, ended, identity, n)
+                               bytes_in, bytes_out, duration_ms, ended, identity, replicas, n)
     ORDER BY r.n
 """
 

@@ -166,6 +166,7 @@ def grant_from_row(row: Record) -> Grant:
         commands=bool(row["commands"]),
         impersonate=bool(row["impersonate"]),
         impersonate_targets=_strings(row["impersonate_targets"]),
+        commands_as_agent=bool(row["commands_as_agent"]),
     )
 
 

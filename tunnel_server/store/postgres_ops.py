@@ -417,18 +417,21 @@ async def set_grant(db: Connection, grant: Grant) -> None:
         bool(grant.commands),
         bool(grant.impersonate),
         check_groups(grant.impersonate_targets),
+        bool(grant.commands_as_agent),
     )
     async with db.transaction():
         await _require_user(db, grant.user)
         await _require_cluster(db, grant.cluster)
         await db.execute(
             "INSERT INTO grants"
-            " (user_name, cluster, as_groups, commands, impersonate, impersonate_targets)"
-            " VALUES ($1, $2, $3, $4, $5, $6)"
+            " (user_name, cluster, as_groups, commands, impersonate, impersonate_targets,"
+            " commands_as_agent)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7)"
             " ON CONFLICT (user_name, cluster) DO UPDATE SET"
             " as_groups = excluded.as_groups, commands = excluded.commands,"
             " impersonate = excluded.impersonate,"
-            " impersonate_targets = excluded.impersonate_targets",
+            " impersonate_targets = excluded.impersonate_targets,"
+            " commands_as_agent = excluded.commands_as_agent",
             *values,
         )
 

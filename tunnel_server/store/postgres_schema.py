@@ -36,6 +36,7 @@ from asyncpg.pool import PoolConnectionProxy
 from tunnel_server.store.base import SchemaVersionError
 
 __all__ = [
+    "EVENTS_CHANNEL",
     "MIGRATIONS",
     "Connection",
     "Migration",
@@ -67,6 +68,144 @@ class Migration:
     version: int
     description: str
     statements: tuple[str, ...]
+
+
+#: The channel on which the database announces changes other replicas must hear of
+#: (``tunnel_server.store.replicas.StoreEvent``), as JSON objects.
+EVENTS_CHANNEL = "tunnel_events"
+
+REPLICA_STATEMENTS: tuple[str, ...] = (
+    """
+    CREATE TABLE replicas (
+        name         TEXT PRIMARY KEY,
+        address      TEXT NOT NULL,
+        version      TEXT NOT NULL,
+        started_at   TIMESTAMPTZ NOT NULL,
+        heartbeat_at TIMESTAMPTZ NOT NULL,
+        lease_until  TIMESTAMPTZ NOT NULL,
+        agents       INTEGER NOT NULL DEFAULT 0,
+        draining     BOOLEAN NOT NULL DEFAULT false
+    )
+    """,
+    # Epochs come from one sequence: a newer claim always has the greater one.
+    "CREATE SEQUENCE agent_session_epochs",
+    """
+    CREATE TABLE agent_sessions (
+        cluster     TEXT PRIMARY KEY REFERENCES clusters (name) ON DELETE CASCADE,
+        replica     TEXT NOT NULL,
+        epoch       BIGINT NOT NULL,
+        claimed_at  TIMESTAMPTZ NOT NULL,
+        lease_until TIMESTAMPTZ NOT NULL
+    )
+    """,
+    "CREATE INDEX agent_sessions_replica ON agent_sessions (replica)",
+    # Each trigger announces one kind of change; pg_notify sends on commit only.
+    f"""
+    CREATE FUNCTION tunnel_notify(payload jsonb) RETURNS void LANGUAGE sql AS
+        $$ SELECT pg_notify('{EVENTS_CHANNEL}', payload::text) $$
+    """,
+    """
+    CREATE FUNCTION tunnel_user_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM tunnel_notify(jsonb_build_object('kind', 'access', 'user', OLD.name));
+        RETURN NULL;
+    END $$
+    """,
+    """
+    CREATE TRIGGER users_changed AFTER UPDATE OR DELETE ON users
+        FOR EACH ROW EXECUTE FUNCTION tunnel_user_changed()
+    """,
+    """
+    CREATE FUNCTION tunnel_token_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM tunnel_notify(jsonb_build_object('kind', 'access', 'user', OLD.user_name));
+        RETURN NULL;
+    END $$
+    """,
+    # Not on last_used_at: a token in use touches its row now and then.
+    """
+    CREATE TRIGGER api_tokens_changed AFTER DELETE OR UPDATE OF expires_at ON api_tokens
+        FOR EACH ROW EXECUTE FUNCTION tunnel_token_changed()
+    """,
+    """
+    CREATE FUNCTION tunnel_grant_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'DELETE' THEN
+            PERFORM tunnel_notify(jsonb_build_object(
+                'kind', 'access', 'user', OLD.user_name, 'cluster', OLD.cluster));
+        ELSE
+            PERFORM tunnel_notify(jsonb_build_object(
+                'kind', 'access', 'user', NEW.user_name, 'cluster', NEW.cluster));
+        END IF;
+        RETURN NULL;
+    END $$
+    """,
+    """
+    CREATE TRIGGER grants_changed AFTER INSERT OR UPDATE OR DELETE ON grants
+        FOR EACH ROW EXECUTE FUNCTION tunnel_grant_changed()
+    """,
+    """
+    CREATE FUNCTION tunnel_certificate_revoked() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM tunnel_notify(jsonb_build_object('kind', 'revoked', 'cluster', NEW.cluster));
+        RETURN NULL;
+    END $$
+    """,
+    """
+    CREATE TRIGGER certificates_revoked AFTER UPDATE OF revoked_at ON certificates
+        FOR EACH ROW WHEN (NEW.revoked_at IS NOT NULL AND OLD.revoked_at IS NULL)
+        EXECUTE FUNCTION tunnel_certificate_revoked()
+    """,
+    """
+    CREATE FUNCTION tunnel_cluster_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM tunnel_notify(jsonb_build_object('kind', 'cluster', 'cluster', OLD.name));
+        RETURN NULL;
+    END $$
+    """,
+    """
+    CREATE TRIGGER clusters_deleted AFTER DELETE ON clusters
+        FOR EACH ROW EXECUTE FUNCTION tunnel_cluster_deleted()
+    """,
+    """
+    CREATE FUNCTION tunnel_command_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM tunnel_notify(jsonb_build_object(
+            'kind', 'command', 'cluster', NEW.cluster, 'id', NEW.id, 'state', NEW.state,
+            'cancel', NEW.cancel_requested));
+        RETURN NULL;
+    END $$
+    """,
+    """
+    CREATE TRIGGER commands_added AFTER INSERT ON commands
+        FOR EACH ROW EXECUTE FUNCTION tunnel_command_changed()
+    """,
+    # A change of state, a cancellation asked for, or a log that grew (followers wake).
+    """
+    CREATE TRIGGER commands_changed AFTER UPDATE ON commands
+        FOR EACH ROW WHEN (
+            OLD.state IS DISTINCT FROM NEW.state
+            OR OLD.cancel_requested IS DISTINCT FROM NEW.cancel_requested
+            OR OLD.log_bytes IS DISTINCT FROM NEW.log_bytes
+        )
+        EXECUTE FUNCTION tunnel_command_changed()
+    """,
+    """
+    CREATE FUNCTION tunnel_session_claimed() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM tunnel_notify(jsonb_build_object(
+            'kind', 'session', 'cluster', NEW.cluster, 'replica', NEW.replica,
+            'epoch', NEW.epoch));
+        RETURN NULL;
+    END $$
+    """,
+    """
+    CREATE TRIGGER agent_sessions_claimed AFTER INSERT OR UPDATE OF epoch ON agent_sessions
+        FOR EACH ROW EXECUTE FUNCTION tunnel_session_claimed()
+    """,
+)
+"""Migration 6: replicas and the sessions they hold (``postgres_replicas``), and the
+triggers that announce changes on :data:`EVENTS_CHANNEL`."""
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -230,6 +369,38 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE TABLE write_probe"
             " (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, data BYTEA NOT NULL)",
         ),
+    ),
+    Migration(
+        version=4,
+        description="grants whose user's commands act as the agent (--commands-as-agent)",
+        statements=(
+            "ALTER TABLE grants ADD COLUMN commands_as_agent BOOLEAN NOT NULL DEFAULT FALSE",
+        ),
+    ),
+    Migration(
+        version=5,
+        description="the web console's sign-in sessions (hashed ids), and audit by verb",
+        statements=(
+            # A session goes with the token it was signed in with (revoked, expired, its
+            # user deleted): tunnel_server/store/console.py.
+            """
+            CREATE TABLE console_sessions (
+                session_hash TEXT PRIMARY KEY,
+                user_name    TEXT NOT NULL REFERENCES users (name) ON DELETE CASCADE,
+                token_hash   TEXT NOT NULL REFERENCES api_tokens (token_hash) ON DELETE CASCADE,
+                created_at   TIMESTAMPTZ NOT NULL,
+                expires_at   TIMESTAMPTZ NOT NULL
+            )
+            """,
+            "CREATE INDEX console_sessions_expiry ON console_sessions (expires_at)",
+            "CREATE INDEX console_sessions_token ON console_sessions (token_hash)",
+            "CREATE INDEX audit_verb_time ON audit (verb, time, id)",
+        ),
+    ),
+    Migration(
+        version=6,
+        description="replicas, the agent session each holds, and change notifications",
+        statements=REPLICA_STATEMENTS,
     ),
 )
 """Every migration, in order; ``MIGRATIONS[i].version == i + 1``."""

@@ -27,6 +27,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from tunnel_server.store import sqlite_audit as audit_ops
 from tunnel_server.store import sqlite_commands as cmd_ops
+from tunnel_server.store import sqlite_console as console_ops
 from tunnel_server.store import sqlite_ops as ops
 from tunnel_server.store import sqlite_schema
 from tunnel_server.store.base import (
@@ -54,6 +55,7 @@ from tunnel_server.store.commands import (
     LapsedLease,
     NewCommand,
 )
+from tunnel_server.store.console import AuditQuery, ConsoleSession
 from tunnel_server.store.sqlite_worker import DatabaseWorker
 
 __all__ = ["THREAD_NICENESS", "SqliteStore"]
@@ -397,6 +399,23 @@ class SqliteStore(Store):
 
     async def delete_audit_before(self, time: datetime, limit: int = PRUNE_BATCH) -> int:
         return await self._run(audit_ops.delete_audit_before, time, limit)
+
+    # --- console ---
+
+    async def add_console_session(self, session: ConsoleSession) -> None:
+        await self._run(console_ops.add_console_session, session)
+
+    async def get_console_session(self, session_hash: str, now: datetime) -> ConsoleSession | None:
+        return await self._run(console_ops.get_console_session, session_hash, now)
+
+    async def delete_console_session(self, session_hash: str) -> bool:
+        return await self._run(console_ops.delete_console_session, session_hash)
+
+    async def active_command_counts(self) -> dict[str, dict[str, int]]:
+        return await self._run(console_ops.active_command_counts)
+
+    async def search_audit(self, query: AuditQuery) -> list[AuditEvent]:
+        return await self._run(console_ops.search_audit, query)
 
 
 # --- Helpers that run on the database thread -----------------------------------

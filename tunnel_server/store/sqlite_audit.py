@@ -108,7 +108,8 @@ _INSERT_PROXY_AUDIT = (
 @functools.cache
 def _insert_proxy_audit(rows: int) -> str:
     """The statement that inserts ``rows`` records (placeholders only: values are bound)."""
-    return _INSERT_PROXY_AUDIT + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * rows) + ")"
+    # The twelfth value, the replicas, is always empty here: SQLite serves one replica.
+    return _INSERT_PROXY_AUDIT + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * rows) + ")"
 
 
 def add_proxy_audit(db: sqlite3.Connection, records: list[ProxyAuditRecord]) -> int:

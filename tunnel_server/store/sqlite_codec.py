@@ -208,6 +208,7 @@ def grant_from_row(row: sqlite3.Row) -> Grant:
         commands=bool(row["commands"]),
         impersonate=bool(row["impersonate"]),
         impersonate_targets=_decode_groups(row["impersonate_targets"]),
+        commands_as_agent=bool(row["commands_as_agent"]),
     )
 
 

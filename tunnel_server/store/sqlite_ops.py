@@ -384,18 +384,21 @@ def set_grant(db: sqlite3.Connection, grant: Grant) -> None:
         int(bool(grant.commands)),
         int(bool(grant.impersonate)),
         encode_groups(grant.impersonate_targets),
+        int(bool(grant.commands_as_agent)),
     )
     with transaction(db):
         _require_user(db, grant.user)
         _require_cluster(db, grant.cluster)
         db.execute(
             "INSERT INTO grants"
-            " (user_name, cluster, as_groups, commands, impersonate, impersonate_targets)"
-            " VALUES (?, ?, ?, ?, ?, ?)"
+            " (user_name, cluster, as_groups, commands, impersonate, impersonate_targets,"
+            " commands_as_agent)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (user_name, cluster) DO UPDATE SET"
             " as_groups = excluded.as_groups, commands = excluded.commands,"
             " impersonate = excluded.impersonate,"
-            " impersonate_targets = excluded.impersonate_targets",
+            " impersonate_targets = excluded.impersonate_targets,"
+            " commands_as_agent = excluded.commands_as_agent",
             values,
         )
 

@@ -224,6 +224,31 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE grants ADD COLUMN impersonate_targets TEXT NOT NULL DEFAULT '[]'",
         ),
     ),
+    Migration(
+        version=9,
+        description="grants whose user's commands act as the agent (--commands-as-agent)",
+        statements=("ALTER TABLE grants ADD COLUMN commands_as_agent INTEGER NOT NULL DEFAULT 0",),
+    ),
+    Migration(
+        version=10,
+        description="the web console's sign-in sessions (hashed ids), and audit by verb",
+        statements=(
+            # A session goes with the token it was signed in with (revoked, expired, its
+            # user deleted): tunnel_server/store/console.py.
+            """
+            CREATE TABLE console_sessions (
+                session_hash TEXT PRIMARY KEY,
+                user_name    TEXT NOT NULL REFERENCES users (name) ON DELETE CASCADE,
+                token_hash   TEXT NOT NULL REFERENCES api_tokens (token_hash) ON DELETE CASCADE,
+                created_at   TEXT NOT NULL,
+                expires_at   TEXT NOT NULL
+            )
+            """,
+            "CREATE INDEX console_sessions_expiry ON console_sessions (expires_at)",
+            "CREATE INDEX console_sessions_token ON console_sessions (token_hash)",
+            "CREATE INDEX audit_verb_time ON audit (verb, time, id)",
+        ),
+    ),
 )
 """Every migration, in order; ``MIGRATIONS[i].version == i + 1``."""
 
