@@ -35,6 +35,7 @@ from tunnel_server.store.base import AuditEvent, Grant, User, hash_token
 __all__ = [
     "Recheck",
     "apply_grant",
+    "audit_view",
     "create_user",
     "issue_kubeconfig",
     "remove_grant",
@@ -232,7 +233,7 @@ async def list_audit(request: web.Request) -> web.Response:
         kind=kind,  # type: ignore[arg-type]
         limit=limit,
     )
-    return json_response([_audit_view(event) for event in events])
+    return json_response([audit_view(event) for event in events])
 
 
 async def list_requests(request: web.Request) -> web.Response:
@@ -438,7 +439,8 @@ def _grant_view(grant: Grant) -> dict[str, Any]:
     }
 
 
-def _audit_view(event: AuditEvent) -> dict[str, Any]:
+def audit_view(event: AuditEvent) -> dict[str, Any]:
+    """An audit event as the API (and the console's export) shows it."""
     return {
         "id": event.id,
         "time": timestamp(event.time),

@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 import yaml
 from aiohttp import web
 
-from tunnel_server.api.httpjson import timestamp
+from tunnel_server.api.users import audit_view
 from tunnel_server.commands.api import command_view
 from tunnel_server.console.fleet import SORT_KEYS, filter_rows, fleet_rows, sort_rows
 from tunnel_server.console.guard import guarded
@@ -31,7 +31,7 @@ from tunnel_server.console.visibility import (
 )
 from tunnel_server.context import CONTEXT, ServerContext
 from tunnel_server.errors import BadRequestError
-from tunnel_server.store.base import AUDIT_KINDS, AuditEvent, StoreError
+from tunnel_server.store.base import AUDIT_KINDS, StoreError
 from tunnel_server.store.commands import MAX_LIST
 from tunnel_server.store.console import MAX_AUDIT_SEARCH, AuditQuery
 
@@ -276,23 +276,6 @@ _AUDIT_COLUMNS = (
 )
 
 
-def audit_record(event: AuditEvent) -> dict[str, Any]:
-    return {
-        "id": event.id,
-        "time": timestamp(event.time),
-        "user": event.user,
-        "cluster": event.cluster,
-        "kind": event.kind,
-        "verb": event.verb,
-        "path": event.path,
-        "status": event.status,
-        "bytes_in": event.bytes_in,
-        "bytes_out": event.bytes_out,
-        "duration_ms": event.duration_ms,
-        "detail": event.detail,
-    }
-
-
 def _csv_cell(value: Any) -> str:
     """A cell a spreadsheet shows as text: never a formula (CSV injection)."""
     text = "" if value is None else json.dumps(value) if isinstance(value, dict) else str(value)
@@ -311,14 +294,14 @@ async def audit_export(request: web.Request, viewer: Viewer) -> web.StreamRespon
     await context.audit.flush()
     events = await context.store.search_audit(query)
     if kind == "jsonl":
-        body = "".join(json.dumps(audit_record(event), default=str) + "\n" for event in events)
+        body = "".join(json.dumps(audit_view(event), default=str) + "\n" for event in events)
         content_type = "application/x-ndjson"
     else:
         out = io.StringIO()
         writer = csv.writer(out)
         writer.writerow(_AUDIT_COLUMNS)
         for event in events:
-            record = audit_record(event)
+            record = audit_view(event)
             writer.writerow([_csv_cell(record[column]) for column in _AUDIT_COLUMNS])
         body = out.getvalue()
         content_type = "text/csv"
